@@ -1,0 +1,154 @@
+"""Engine arguments and the resolved configuration derived from them (model, cache, scheduler)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+
+
+@dataclass
+class EngineArgs:
+    """Everything a user can set when building an engine (``LLM(...)`` and ``brisk serve`` flags)."""
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    seed: int = 0
+    load_format: str = "auto"
+    enforce_eager: bool = False
+    attention_backend: str | None = None
+
+    def validate(self) -> None:
+        def require(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        require(isinstance(self.model, (str, Path)) and str(self.model) != "", "model must be a non-empty string.")
+        require(
+            self.dtype in ("auto", *_DTYPES),
+            f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {self.dtype!r}.",
+        )
+        require(
+            self.load_format in LOAD_FORMATS,
+            f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}.",
+        )
+        require(
+            self.block_size in (8, 16, 32, 64, 128),
+            f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size!r}.",
+        )
+        require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
+        require(
+            self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}.",
+        )
+        require(
+            0 < self.gpu_memory_utilization <= 1,
+            f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.",
+        )
+        require(
+            self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
+            f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.",
+        )
+        require(
+            self.max_model_len is None or self.max_model_len >= 1,
+            f"max_model_len must be >= 1, got {self.max_model_len}.",
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was requested but no CUDA GPU is visible; use device='cpu' or 'auto'.")
+    return dev
+
+
+def preferred_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The dtype to materialize weights in when a checkpoint has no opinion (GGUF, dummy)."""
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on CPU (exact and fast without AMX); the checkpoint's dtype on GPU, float32 -> bf16."""
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    if device.type != "cuda":
+        return torch.float32
+    config_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = _DTYPES.get(config_dtype)
+    return config_dtype if config_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def read_hf_config(folder: Path):
+    """Load the folder's config with transformers (it knows every field's defaults)."""
+    from transformers import AutoConfig
+
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; is it an HF-style model folder?")
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (ValueError, KeyError) as exc:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        raise ValueError(f"Cannot read {folder}/config.json (model_type={model_type!r}): {exc}") from exc
+
+
+@dataclass
+class ModelConfig:
+    path: Path
+    hf_config: object
+    dtype: torch.dtype
+    max_model_len: int
+    num_layers: int
+    num_kv_heads: int
+    head_size: int
+
+    @classmethod
+    def from_hf_config(cls, path: Path, hf_config, dtype: torch.dtype, max_model_len: int | None) -> ModelConfig:
+        text_config = getattr(hf_config, "text_config", None) or hf_config
+        max_positions = getattr(text_config, "max_position_embeddings", None) or 2048
+        if max_model_len is None:
+            max_model_len = max_positions
+        elif max_model_len > max_positions:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={max_positions}; "
+                f"pass max_model_len <= {max_positions}."
+            )
+        num_heads = text_config.num_attention_heads
+        head_size = getattr(text_config, "head_dim", None) or text_config.hidden_size // num_heads
+        return cls(
+            path=path,
+            hf_config=text_config,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            num_layers=text_config.num_hidden_layers,
+            num_kv_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
+            head_size=head_size,
+        )
+
+    def kv_bytes_per_token(self, kv_dtype: torch.dtype) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * kv_dtype.itemsize

@@ -1,0 +1,59 @@
+"""Incremental detokenization and stop-string matching for one completion.
+
+Decoding only a short window of recent tokens keeps each step O(1) per request; text is emitted only once it is
+stable (no partial UTF-8 sequence) and never while it could still turn into a stop string.
+"""
+
+from __future__ import annotations
+
+# How many tokens before the unread ones give the tokenizer enough context to decode spaces and merges right.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = stop
+        self.max_stop_len = max((len(s) for s in stop), default=0)
+        self.token_ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.token_ids)
+        self.text = ""  # everything decoded so far (stop string excluded once found)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def append(self, token_id: int, check_stop: bool) -> str | None:
+        """Add one generated token; return the stop string it completed, if any (and cut the text there)."""
+        self.token_ids.append(token_id)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.token_ids[self.prefix_offset :])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return None  # an incomplete character: wait for more tokens
+        delta = new_text[len(prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        start = max(0, len(self.text) - self.max_stop_len + 1)
+        self.text += delta
+        if not check_stop or not self.stop:
+            return None
+        found = [(pos, stop) for stop in self.stop if (pos := self.text.find(stop, start)) >= 0]
+        if not found:
+            return None
+        pos, stop = min(found)
+        self.text = self.text[:pos]
+        return stop
+
+    def flush(self) -> None:
+        """At the end of a sequence, emit tokens held back as an incomplete character (as U+FFFD)."""
+        if self.read_offset < len(self.token_ids):
+            prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+            self.text += self._decode(self.token_ids[self.prefix_offset :])[len(prefix_text) :]
+            self.read_offset = len(self.token_ids)
+
+    def visible_text(self, finished: bool) -> str:
+        """The text safe to show: while running, hold back a tail that may be the start of a stop string."""
+        if finished or self.max_stop_len <= 1:
+            return self.text
+        return self.text[: max(0, len(self.text) - self.max_stop_len + 1)]

@@ -1,0 +1,337 @@
+"""The synchronous engine: owns the scheduler, the KV cache manager and the model runner, and turns steps into
+``RequestOutput``s (detokenized text, stop strings, logprobs, timings). ``LLM`` and the server both drive it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from brisk.config import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    EngineArgs,
+    ModelConfig,
+    preferred_dtype,
+    read_hf_config,
+    resolve_device,
+    resolve_dtype,
+)
+from brisk.engine.detokenizer import IncrementalDetokenizer
+from brisk.engine.kv_cache_manager import KVCacheManager
+from brisk.engine.request import Request, RequestStatus
+from brisk.engine.scheduler import Scheduler, SchedulerStats
+from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
+from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from brisk.sampling_params import SamplingParams
+from brisk.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+EngineStats = SchedulerStats
+
+
+@dataclass
+class _Completion:
+    """One of a parent request's ``n`` sequences and its detokenization state."""
+
+    request: Request
+    detokenizer: IncrementalDetokenizer | None
+    finish_reason: str | None = None
+
+
+@dataclass
+class _ParentRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    completions: list[_Completion]
+    metrics: RequestMetrics
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs):
+        args.validate()
+        self.args = args
+        self.device = resolve_device(args.device)
+        from brisk.loader.resolve import resolve_model
+
+        path = resolve_model(str(args.model), preferred_dtype(args.dtype, self.device))
+        hf_config = read_hf_config(path)
+        dtype = resolve_dtype(args.dtype, hf_config, self.device)
+        self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
+        self.max_model_len = self.model_config.max_model_len
+        self.tokenizer = self._load_tokenizer(args.tokenizer or path, args.load_format)
+        self.eos_token_ids = self._eos_token_ids(path, hf_config)
+
+        backend = args.attention_backend or default_backend(self.device)
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
+        self.attention_backend = backend
+        self.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
+        self.model_runner = ModelRunner(
+            self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
+        )
+        num_blocks = self._plan_kv_cache()
+        self.model_runner.allocate_kv_cache(num_blocks)
+        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
+        )
+        self._parents: dict[str, _ParentRequest] = {}
+        self._child_to_parent: dict[str, tuple[str, int]] = {}
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args)
+
+    # ---- startup ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _load_tokenizer(path, load_format: str):
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError) as exc:
+            if load_format == "dummy":
+                logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
+                return None
+            raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+    def _eos_token_ids(self, path, hf_config) -> frozenset[int]:
+        ids: set[int] = set()
+        gen_config = path / "generation_config.json"
+        candidates = [getattr(hf_config, "eos_token_id", None)]
+        if gen_config.is_file():
+            import json
+
+            candidates.append(json.loads(gen_config.read_text()).get("eos_token_id"))
+        if self.tokenizer is not None:
+            candidates.append(self.tokenizer.eos_token_id)
+        for candidate in candidates:
+            if isinstance(candidate, int):
+                ids.add(candidate)
+            elif isinstance(candidate, list):
+                ids.update(c for c in candidate if isinstance(c, int))
+        return frozenset(ids)
+
+    def _plan_kv_cache(self) -> int:
+        args = self.args
+        per_block = self.model_runner.kv_cache_bytes_per_block()
+        if args.kv_cache_memory_bytes is not None:
+            budget, knob = args.kv_cache_memory_bytes, "kv_cache_memory_bytes"
+        elif self.device.type == "cuda":
+            budget = self.model_runner.profile_available_kv_bytes(
+                args.gpu_memory_utilization, self.max_num_batched_tokens
+            )
+            knob = "gpu_memory_utilization"
+        else:
+            budget, knob = DEFAULT_CPU_KV_CACHE_BYTES, "kv_cache_memory_bytes"
+        num_blocks = budget // per_block
+        needed = -(-self.max_model_len // args.block_size)
+        if num_blocks < needed:
+            bytes_per_token = per_block // args.block_size
+            raise ValueError(
+                f"The KV cache cannot hold one sequence of max_model_len={self.max_model_len} tokens: "
+                f"{bytes_per_token} bytes per token, budget {budget} bytes = {num_blocks} blocks of "
+                f"{args.block_size} tokens, need {needed} blocks ({needed * per_block} bytes). "
+                f"Raise {knob}, or lower max_model_len to at most {num_blocks * args.block_size}."
+            )
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%.2f GiB)",
+            num_blocks,
+            args.block_size,
+            num_blocks * per_block / 2**30,
+        )
+        return num_blocks
+
+    # ---- requests -----------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("This model has no tokenizer: pass prompts as lists of token ids.")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        if not isinstance(prompt, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            raise ValueError("A prompt must be a string or a list of integer token ids.")
+        return None, list(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        params = params or SamplingParams()
+        if request_id in self._parents:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        text, token_ids = self.tokenize(prompt)
+        self._validate_prompt(token_ids)
+        arrival_time = arrival_time if arrival_time is not None else time.time()
+        completions = []
+        for index in range(params.n):
+            child_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + index
+                child_params = replace(params, n=1, seed=seed)
+            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+            request = Request(child_id, token_ids, child_params, self.eos_token_ids, arrival_time)
+            detok = None
+            if params.detokenize and self.tokenizer is not None:
+                detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
+            completions.append(_Completion(request, detok))
+            self._child_to_parent[child_id] = (request_id, index)
+        self._parents[request_id] = _ParentRequest(
+            request_id, text, token_ids, completions, RequestMetrics(arrival_time)
+        )
+        for completion in completions:
+            self.scheduler.add_request(completion.request)
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("The prompt is empty: give at least one token.")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"The prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}: it must be "
+                f"shorter (at least one token must be left to generate). Shorten the prompt or raise max_model_len."
+            )
+        vocab = self.model_config.hf_config.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"Token id {bad} is outside the vocabulary [0, {vocab}).")
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for request_id in request_ids:
+            parent = self._parents.get(request_id)
+            if parent is None:
+                continue
+            children = [c.request.request_id for c in parent.completions]
+            self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
+            for completion in parent.completions:
+                completion.finish_reason = completion.finish_reason or "abort"
+            self._forget(parent)
+
+    def _forget(self, parent: _ParentRequest) -> None:
+        del self._parents[parent.request_id]
+        for completion in parent.completions:
+            self._child_to_parent.pop(completion.request.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._parents)
+
+    def get_stats(self) -> EngineStats:
+        return self.scheduler.get_stats()
+
+    # ---- the step -----------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        schedule = self.scheduler.schedule()
+        if schedule.is_empty:
+            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
+            return []
+        result = self.model_runner.execute(schedule)
+        now = time.time()
+        for request, (start, entries) in result.prompt_logprobs.items():
+            req = self.scheduler.requests[request]
+            if len(req.prompt_logprobs) == start:
+                req.prompt_logprobs.extend(entries)
+        for (request, _), token, lps, lp in zip(
+            schedule.scheduled, result.sampled_token_ids, result.logprobs, result.chosen_logprobs
+        ):
+            if token is None:
+                continue
+            if request.first_token_time is None:
+                request.first_token_time = now
+            request.last_token_time = now
+            if lps is not None:
+                request.logprobs.append(lps)
+                request.cumulative_logprob += lp
+        self.scheduler.update_from_output(schedule, result.sampled_token_ids)
+
+        touched: dict[str, _ParentRequest] = {}
+        stopped_by_string: list[str] = []
+        for (request, _), token in zip(schedule.scheduled, result.sampled_token_ids):
+            if token is None:
+                continue
+            parent_id, index = self._child_to_parent[request.request_id]
+            parent = self._parents[parent_id]
+            completion = parent.completions[index]
+            if completion.detokenizer is not None:
+                check = request.num_output_tokens > request.sampling_params.min_tokens
+                stop = completion.detokenizer.append(token, check_stop=check)
+                if stop is not None and not request.is_finished:
+                    request.stop_reason = stop
+                    stopped_by_string.append(request.request_id)
+            touched[parent_id] = parent
+        self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
+        outputs = []
+        for parent in touched.values():
+            for completion in parent.completions:
+                if completion.request.is_finished and completion.finish_reason is None:
+                    completion.finish_reason = completion.request.status.finish_reason
+                    if completion.detokenizer is not None and not isinstance(completion.request.stop_reason, str):
+                        completion.detokenizer.flush()
+            outputs.append(self._make_output(parent, now))
+        return outputs
+
+    def _make_output(self, parent: _ParentRequest, now: float) -> RequestOutput:
+        finished = all(c.finish_reason is not None for c in parent.completions)
+        metrics = parent.metrics
+        first_req = parent.completions[0].request
+        metrics.first_scheduled_time = min(
+            (c.request.first_scheduled_time for c in parent.completions if c.request.first_scheduled_time),
+            default=None,
+        )
+        metrics.first_token_time = min(
+            (c.request.first_token_time for c in parent.completions if c.request.first_token_time),
+            default=None,
+        )
+        metrics.last_token_time = now
+        if finished:
+            metrics.finished_time = now
+            self._forget(parent)
+        outs = [self._completion_output(i, c) for i, c in enumerate(parent.completions)]
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=outs,
+            finished=finished,
+            metrics=metrics,
+            prompt_logprobs=self._decorate(first_req.prompt_logprobs),
+            num_cached_tokens=max(first_req.num_cached_tokens, 0),
+        )
+
+    def _completion_output(self, index: int, completion: _Completion) -> CompletionOutput:
+        request = completion.request
+        finished = completion.finish_reason is not None
+        text = completion.detokenizer.visible_text(finished) if completion.detokenizer else ""
+        params = request.sampling_params
+        return CompletionOutput(
+            index=index,
+            text=text,
+            token_ids=list(request.output_token_ids),
+            cumulative_logprob=request.cumulative_logprob if params.logprobs is not None else None,
+            logprobs=self._decorate(request.logprobs),
+            finish_reason=completion.finish_reason,
+            stop_reason=request.stop_reason,
+        )
+
+    def _decorate(self, positions: list[PositionLogprobs | None] | None):
+        """Fill in each Logprob's decoded token text, once."""
+        if positions is None or self.tokenizer is None:
+            return positions
+        for position in positions:
+            if position is None:
+                continue
+            for token_id, logprob in position.items():
+                if logprob.decoded_token is None:
+                    logprob.decoded_token = self.tokenizer.decode([token_id])
+        return list(positions)

@@ -1,0 +1,182 @@
+"""The token-budget scheduler: one rule for prefill, chunked prefill, decode and preemption.
+
+Every step each scheduled request gets a number of new tokens to compute, under ``max_num_batched_tokens`` and
+``max_num_seqs``. Running requests go first (in admission order), then waiting ones; a prompt that does not fit
+the remaining budget is computed in chunks. When the KV cache runs out, the most recently admitted running
+request is preempted: its blocks are freed and it is recomputed later, keeping the tokens it generated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from brisk.engine.kv_cache_manager import KVCacheManager
+from brisk.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """What the model runner computes this step, in batch order."""
+
+    scheduled: list[tuple[Request, int]]  # (request, num_new_tokens)
+    block_tables: dict[str, list[int]]
+    total_num_tokens: int
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache_manager: KVCacheManager,
+        max_num_batched_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+    ):
+        self.kv = kv_cache_manager
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # ---- queue management -------------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """End requests (abort, or a stop string found by the detokenizer) and free their blocks."""
+        finished = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+            finished.append(request)
+        return finished
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+
+    # ---- one step ---------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[Request] = []
+        now = time.time()
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request preempted itself: nothing after it can run either
+
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                request = self.waiting[0]
+                hits, num_hit_tokens = [], 0
+                if request.num_computed_tokens == 0:
+                    hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+                num_new = min(request.num_tokens - request.num_computed_tokens - num_hit_tokens, budget)
+                if not self.kv.allocate_slots(request, num_new, hits):
+                    break
+                self.waiting.popleft()
+                request.num_computed_tokens += num_hit_tokens
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = num_hit_tokens
+                if request.first_scheduled_time is None:
+                    request.first_scheduled_time = now
+                request.status = RequestStatus.RUNNING
+                self.running.append(request)
+                scheduled.append((request, num_new))
+                budget -= num_new
+
+        block_tables = {r.request_id: self.kv.get_block_ids(r.request_id) for r, _ in scheduled}
+        total = self.max_num_batched_tokens - budget
+        return SchedulerOutput(scheduled, block_tables, total, preempted)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+
+    def update_from_output(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
+        """Advance computed counts, append sampled tokens, apply token-level stops. Returns finished requests."""
+        finished = []
+        for (request, num_new), token in zip(output.scheduled, sampled):
+            request.num_computed_tokens += num_new
+            if token is None:  # a prompt chunk that did not reach the end of the sequence
+                continue
+            request.append_output_token(token)
+            status = self._check_stop(request, token)
+            if status is not None:
+                self.running.remove(request)
+                self._finish(request, status)
+                finished.append(request)
+        return finished
+
+    def _check_stop(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if (params.max_tokens is not None and num_output >= params.max_tokens) or len(
+            request.all_token_ids
+        ) >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=self.kv.usage(),
+            prefix_cache_queries=self.kv.prefix_cache_queries,
+            prefix_cache_hits=self.kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )

@@ -1,0 +1,41 @@
+"""Attention backends over the paged KV cache, chosen by name."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+
+ATTENTION_BACKENDS = ("torch", "triton")
+
+
+@functools.cache
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:  # ImportError, or a broken install (missing driver libraries, ...)
+        return False
+    return True
+
+
+def default_backend(device: torch.device) -> str:
+    if torch.device(device).type == "cuda" and _triton_available():
+        return "triton"
+    return "torch"
+
+
+def get_attn_impl_cls(name: str) -> type[AttentionImpl]:
+    if name == "torch":
+        from brisk.layers.attention.torch_ref import TorchAttentionImpl
+
+        return TorchAttentionImpl
+    if name == "triton":
+        from brisk.layers.attention.triton_backend import TritonAttentionImpl
+
+        return TritonAttentionImpl
+    raise ValueError(f"Unknown attention_backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}.")
+
+
+__all__ = ["AttentionImpl", "AttentionMetadata", "get_attn_impl_cls", "default_backend", "ATTENTION_BACKENDS"]

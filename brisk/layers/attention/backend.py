@@ -1,0 +1,73 @@
+"""The attention backend interface.
+
+Every backend reads the same per-step metadata (built once per step by the model runner) and the same paged KV
+cache layout, so backends are interchangeable and the torch reference can check the fast ones.
+
+KV cache layout, one tensor per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (index 0 keys,
+1 values). Token ``t`` of a sequence lives in block ``block_table[t // block_size]`` at offset
+``t % block_size``; its flat slot is ``block_id * block_size + offset`` (what ``slot_mapping`` holds).
+
+Query tokens of one step are packed: sequence ``i`` owns rows ``query_start_loc[i]:query_start_loc[i + 1]`` of
+``q``; they are the last ``query_len`` tokens of its ``seq_lens[i]`` context tokens, so they attend causally to
+everything before them (cached prefix blocks included).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything an attention layer needs about the current step's batch (same for every layer)."""
+
+    num_tokens: int
+    num_seqs: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32, on device
+    seq_lens: torch.Tensor  # [num_seqs] int32, context length after this step, on device
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, on device (padding = 0)
+    slot_mapping: torch.Tensor  # [num_tokens] int64, on device; -1 means "do not write" (padding)
+    # Host copies, so backends that loop in Python never sync with the device.
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+class AttentionImpl(ABC):
+    """One attention layer's computation over the paged cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.scale = scale
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
+        """Write ``key``/``value`` into ``kv_cache`` at ``metadata.slot_mapping``, then attend."""
+
+
+def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's keys and values into their cache slots (the reference for fused writers)."""
+    num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
+    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))

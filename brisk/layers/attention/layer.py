@@ -1,0 +1,24 @@
+"""The attention layer models use: holds its KV cache tensor and calls the selected backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from brisk.layers.attention import get_attn_impl_cls
+from brisk.worker.forward_context import get_attn_metadata
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float, backend: str):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.impl = get_attn_impl_cls(backend)(num_heads, num_kv_heads, head_size, scale)
+        self.kv_cache = torch.empty(0)  # bound by the model runner once the cache is allocated
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [tokens, heads, head_size] after RoPE. Returns [tokens, heads * head_size]."""
+        out = self.impl.forward(q, k, v, self.kv_cache, get_attn_metadata())
+        return out.flatten(1)

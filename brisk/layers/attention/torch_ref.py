@@ -1,0 +1,47 @@
+"""Reference attention: gathers each sequence's pages and calls SDPA. Slow, obviously right, runs anywhere."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata, write_kv_cache
+
+
+class TorchAttentionImpl(AttentionImpl):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        block_size = kv_cache.shape[2]
+        output = torch.empty_like(query)
+        starts = metadata.query_start_loc_cpu
+        for i, seq_len in enumerate(metadata.seq_lens_cpu):
+            q_start, q_end = starts[i], starts[i + 1]
+            query_len = q_end - q_start
+            if query_len == 0:
+                continue
+            num_blocks = -(-seq_len // block_size)
+            blocks = metadata.block_tables[i, :num_blocks].long()
+            k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]  # [seq_len, kv_heads, head]
+            v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+            q = query[q_start:q_end]
+            # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it.
+            q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
+            k_pos = torch.arange(seq_len, device=query.device)
+            mask = k_pos[None, :] <= q_pos[:, None]
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).to(k.dtype),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=mask,
+                scale=self.scale,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )
+            output[q_start:q_end] = out.transpose(0, 1).to(output.dtype)
+        return output

@@ -1,0 +1,54 @@
+"""Triton attention backend: fused KV-cache writer, unified prefill/extend kernel, split-KV decode kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from brisk.layers.attention import triton_kernels as tk
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+
+
+class TritonAttentionImpl(AttentionImpl):
+    """Paged attention through brisk's Triton kernels (``triton_kernels.py``).
+
+    Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, whose launch reads
+    only host-side metadata (``num_seqs``, ``max_seq_len``) and shapes, so it can be captured in a CUDA graph;
+    every other step (prefill chunks with cached prefixes, mixed prefill + decode, speculative 1 + k) takes
+    the unified kernel in one launch.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if metadata.is_decode_only:
+            tk.decode_attention(
+                query,
+                kv_cache,
+                output,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                self.scale,
+                metadata.num_seqs,
+                metadata.max_seq_len,
+            )
+        else:
+            tk.unified_attention(
+                query,
+                kv_cache,
+                output,
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                self.scale,
+                metadata.num_seqs,
+                metadata.max_query_len,
+            )
+        return output

@@ -1,0 +1,591 @@
+"""Triton kernels for attention over brisk's paged KV cache, and their Python launchers.
+
+Cache layout (see ``backend.py``): ``kv_cache[2, num_blocks, block_size, num_kv_heads, head_size]``; token
+``t`` of a sequence lives in page ``block_table[t // block_size]`` at offset ``t % block_size``.
+
+Three kernels:
+
+* ``write_kv_cache``: scatter this step's keys/values into their slots (slot ``-1`` = skip).
+* ``unified_attention``: any mix of prefill chunks (with cached prefix), extends and decodes in one launch.
+  The grid is ``(query blocks of all sequences, kv heads)``; a program owns ``BLOCK_Q`` consecutive query
+  tokens of one sequence times the ``num_heads // num_kv_heads`` query heads that share one kv head
+  (``BLOCK_M`` rows in all), so each KV tile is loaded once for the whole GQA group and repeated KV is never
+  materialized. It walks the sequence's pages with an online softmax (fp32 statistics and accumulator,
+  ``exp2`` with the scale folded in); KV tiles wholly below the block's first query skip the causal mask.
+* ``decode_attention``: decode-only batches (one query token per sequence), flash-decoding style. The grid is
+  ``(seqs, kv heads, splits)``; each sequence's context is cut *in the kernel* into ``num_splits`` equal
+  partitions (rounded to the KV tile, at least ``min_partition`` tokens), so the grid depends only on the
+  batch size and the host-side ``max_seq_len`` bound, never on device data (CUDA-graph friendly: no sync, no
+  data-dependent allocation). Each program packs the GQA group's query heads into one tile, writes a partial
+  output and its log-sum-exp, and a reduce kernel merges the partitions. With one split the first kernel
+  writes the output directly and the reduce is skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+# ------------------------------------------------------------------------------------------------------------
+# KV cache writer
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _write_kv_cache_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    num_kv_heads,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    page = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_P2)
+    mask = (heads < num_kv_heads)[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    k = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    dst = page * stride_cb + offset * stride_ct + heads[:, None] * stride_ch + offs_d[None, :]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Shared device helpers
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    tile_start,
+    kv_len,
+    q_pos,
+    kv_head_off,
+    stride_cb,
+    stride_ct,
+    scale_log2,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One KV tile of the online softmax: keys ``tile_start .. tile_start + TILE_N`` of one sequence.
+
+    ``q``: [M, HEAD_P2] query rows; ``q_pos``: [M] their positions in the sequence. With ``MASKED`` keys
+    at positions ``>= kv_len`` or ``> q_pos`` are dropped; without it the caller guarantees every key of the
+    tile is visible to every row (so no bounds or causal checks are spent).
+    """
+    offs_n = tile_start + tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, HEAD_P2)
+    n_mask = offs_n < kv_len
+    if MASKED:
+        page = tl.load(block_table_ptr + offs_n // BLOCK_SIZE, mask=n_mask, other=0)
+    else:
+        page = tl.load(block_table_ptr + offs_n // BLOCK_SIZE)
+    tok_off = page.to(tl.int64) * stride_cb + (offs_n % BLOCK_SIZE) * stride_ct + kv_head_off  # [TILE_N]
+    k_ptrs = k_cache_ptr + tok_off[None, :] + offs_d[:, None]  # [HEAD_P2, TILE_N]
+    v_ptrs = v_cache_ptr + tok_off[:, None] + offs_d[None, :]  # [TILE_N, HEAD_P2]
+    if MASKED:
+        if HEAD_SIZE == HEAD_P2:
+            k = tl.load(k_ptrs, mask=n_mask[None, :], other=0.0)
+            v = tl.load(v_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            d_mask = offs_d < HEAD_SIZE
+            k = tl.load(k_ptrs, mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+    else:
+        if HEAD_SIZE == HEAD_P2:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            d_mask = offs_d < HEAD_SIZE
+            k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * scale_log2  # [M, TILE_N] fp32, log2 units
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay exact zeros
+    p = tl.exp2(s - m_use[:, None])
+    alpha = tl.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    """The sequence owning global query block ``q_block_idx``.
+
+    Sequence ``i``'s query blocks start at global index ``query_start_loc[i] // BLOCK_Q + i`` (an upper bound
+    on the blocks of the sequences before it), so a binary search over that non-decreasing sequence finds it.
+    """
+    lo = num_seqs * 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _decode_partition(seq_len, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr, MIN_PARTITION: tl.constexpr):
+    """Keys per split of a ``seq_len``-long context: an equal share rounded up to the tile, >= the min."""
+    part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
+    return tl.maximum(part, MIN_PARTITION)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Unified (prefill / extend / mixed) attention
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["num_seqs"])
+def _unified_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    scale_log2,
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_bt,
+    QUERIES_PER_KV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    q_block_global = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq_idx = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq_idx)
+    query_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
+    q_block = q_block_global - (q_start // BLOCK_Q + seq_idx)
+    if q_block * BLOCK_Q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq_idx)
+    context_len = seq_len - query_len
+
+    # Row r of the tile: query token q_block * BLOCK_Q + r // QUERIES_PER_KV, head kv_head * QPK + r % QPK.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_P2)
+    q_in_chunk = q_block * BLOCK_Q + offs_m // QUERIES_PER_KV
+    head = kv_head * QUERIES_PER_KV + offs_m % QUERIES_PER_KV
+    row_mask = (offs_m < BLOCK_Q * QUERIES_PER_KV) & (q_in_chunk < query_len)
+    io_mask = row_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    q_tok = (q_start + q_in_chunk).to(tl.int64)
+    q_ptrs = q_ptr + q_tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=io_mask, other=0.0)
+    q_pos = context_len + q_in_chunk  # position of each row's token in its sequence
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_P2], tl.float32)
+
+    block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
+    kv_head_off = kv_head.to(tl.int64) * stride_ch
+    # Keys this block needs: up to its last query token. Tiles wholly at/below its first token need no mask.
+    first_pos = context_len + q_block * BLOCK_Q
+    kv_len = context_len + tl.minimum((q_block + 1) * BLOCK_Q, query_len)
+    num_full = (first_pos + 1) // TILE_N
+    for t in range(0, num_full):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t * TILE_N, kv_len, q_pos,
+            kv_head_off, stride_cb, stride_ct, scale_log2,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, False, DOT_PRECISION,
+        )  # fmt: skip
+    for t in range(num_full, tl.cdiv(kv_len, TILE_N)):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t * TILE_N, kv_len, q_pos,
+            kv_head_off, stride_cb, stride_ct, scale_log2,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(
+        out_ptr + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=io_mask,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Split-KV decode attention
+# ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    scale_log2,
+    num_heads,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_cb,
+    stride_ct,
+    stride_ch,
+    stride_bt,
+    QUERIES_PER_KV: tl.constexpr,
+    QH_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    MIN_PARTITION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    seq_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq_idx)
+    if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:  # no query token for this sequence
+        return
+    seq_len = tl.load(seq_lens_ptr + seq_idx)
+    partition = _decode_partition(seq_len, NUM_SPLITS, TILE_N, MIN_PARTITION)
+    start = split * partition
+    if NUM_SPLITS > 1:  # noqa: SIM102 (the outer test is compile-time)
+        if start >= seq_len:  # this sequence is too short to use this split
+            return
+    end = tl.minimum(start + partition, seq_len)
+
+    offs_h = tl.arange(0, QH_P2)
+    offs_d = tl.arange(0, HEAD_P2)
+    head = kv_head * QUERIES_PER_KV + offs_h
+    h_mask = offs_h < QUERIES_PER_KV
+    io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
+    q_tok = q_start.to(tl.int64)
+    q_ptrs = q_ptr + q_tok * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=io_mask, other=0.0)
+    q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
+
+    m_i = tl.full([QH_P2], float("-inf"), tl.float32)
+    l_i = tl.zeros([QH_P2], tl.float32)
+    acc = tl.zeros([QH_P2, HEAD_P2], tl.float32)
+    block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
+    kv_head_off = kv_head.to(tl.int64) * stride_ch
+    # Whole tiles first (no masks), then the sequence's last partial tile, if it falls in this split.
+    full_end = start + ((end - start) // TILE_N) * TILE_N
+    for t in range(start, full_end, TILE_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t, end, q_pos,
+            kv_head_off, stride_cb, stride_ct, scale_log2,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, False, DOT_PRECISION,
+        )  # fmt: skip
+    if full_end < end:
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, full_end, end, q_pos,
+            kv_head_off, stride_cb, stride_ct, scale_log2,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(
+            out_ptr + q_tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=io_mask,
+        )
+    else:
+        # part_out: [seqs, num_heads, NUM_SPLITS, HEAD_P2] fp32; part_lse: [seqs, num_heads, NUM_SPLITS].
+        row = (seq_idx.to(tl.int64) * num_heads + head) * NUM_SPLITS + split  # [QH_P2]
+        tl.store(part_out_ptr + row[:, None] * HEAD_P2 + offs_d[None, :], out, mask=h_mask[:, None])
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        tl.store(part_lse_ptr + row, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    SPLIT_TILE: tl.constexpr,
+    MIN_PARTITION: tl.constexpr,
+):
+    seq_idx = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(query_start_loc_ptr + seq_idx)
+    if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq_idx)
+    num_used = tl.cdiv(seq_len, _decode_partition(seq_len, NUM_SPLITS, TILE_N, MIN_PARTITION))
+    base = (seq_idx.to(tl.int64) * num_heads + head) * NUM_SPLITS
+    offs_s = tl.arange(0, SPLITS_P2)
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_used, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    denom = tl.sum(tl.exp2(lse - lse_max), 0)
+
+    offs_t = tl.arange(0, SPLIT_TILE)
+    offs_d = tl.arange(0, HEAD_P2)
+    acc = tl.zeros([HEAD_P2], tl.float32)
+    for s0 in range(0, num_used, SPLIT_TILE):
+        s_mask = (s0 + offs_t) < num_used
+        w = tl.exp2(tl.load(part_lse_ptr + base + s0 + offs_t, mask=s_mask, other=float("-inf")) - lse_max)
+        o = tl.load(
+            part_out_ptr + (base + s0 + offs_t)[:, None] * HEAD_P2 + offs_d[None, :],
+            mask=s_mask[:, None],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
+    d_mask = offs_d < HEAD_SIZE
+    out_ptrs = out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh + offs_d
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Launchers
+# ------------------------------------------------------------------------------------------------------------
+
+# Decode heuristics: enough programs to cover the SMs this many times over, no split shorter than this many
+# keys, and at most this many splits.
+DECODE_PROGRAMS_PER_SM = 4
+DECODE_MIN_PARTITION = 128
+DECODE_MAX_SPLITS = 128
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # interpreter: pretend to be an H100/H200
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs must not silently drop to tf32 on the GPU; for 16-bit inputs the setting has no effect.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def write_kv_cache(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Fused scatter of ``key``/``value`` ([num_tokens, num_kv_heads, head_size]) into ``kv_cache`` slots."""
+    num_tokens, num_kv_heads, head_size = key.shape
+    if num_tokens == 0:
+        return
+    key, value = _last_dim_contiguous(key), _last_dim_contiguous(value)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    head_p2 = triton.next_power_of_2(head_size)
+    block_h = max(1, min(triton.next_power_of_2(num_kv_heads), 4096 // head_p2))
+    grid = (num_tokens, triton.cdiv(num_kv_heads, block_h))
+    _write_kv_cache_kernel[grid](
+        key, value, k_cache, v_cache, slot_mapping,
+        num_kv_heads, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        BLOCK_SIZE=kv_cache.shape[2], HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_H=block_h,
+        num_warps=4 if block_h * head_p2 >= 1024 else 1,
+    )  # fmt: skip
+
+
+def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, TILE_N, num_warps, num_stages) for the unified kernel; leads to verify on the H200."""
+    rows = max_query_len * queries_per_kv  # rows a sequence can fill
+    if rows >= 128 and head_p2 <= 128:
+        block_m, tile_n, warps, stages = 128, 64, 8, 3
+    elif rows >= 64:
+        block_m, tile_n, warps, stages = 64, 64 if head_p2 <= 128 else 32, 4, 3
+    else:
+        block_m, tile_n, warps, stages = 16, 64 if head_p2 <= 128 else 32, 4, 2
+    return max(block_m, triton.next_power_of_2(queries_per_kv)), tile_n, warps, stages
+
+
+def unified_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    num_seqs: int,
+    max_query_len: int,
+    *,
+    block_m: int | None = None,
+    tile_n: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV).
+
+    ``query``/``output``: [num_tokens, num_heads, head_size] (last dim contiguous; other strides free).
+    ``block_m`` (rows per program, a power of two >= 16 and >= the GQA group) and ``tile_n`` (keys per
+    iteration, a power of two >= 16) override the heuristic, for tests and tuning.
+    """
+    num_tokens, num_heads, head_size = query.shape
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    assert num_heads % num_kv_heads == 0 and output.stride(-1) == 1
+    if num_tokens == 0 or num_seqs == 0:
+        return output
+    query = _last_dim_contiguous(query)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    qpk = num_heads // num_kv_heads
+    head_p2 = max(16, triton.next_power_of_2(head_size))
+    cfg_m, cfg_n, warps, stages = _unified_config(head_p2, qpk, max_query_len)
+    block_m = block_m or cfg_m
+    tile_n = tile_n or cfg_n
+    assert block_m >= qpk and block_m >= 16 and tile_n >= 16
+    block_q = block_m // qpk
+    # Sum over sequences of cdiv(query_len, block_q) <= num_tokens // block_q + num_seqs: a host-only bound.
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _unified_attention_kernel[grid](
+        query, k_cache, v_cache, output, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E, num_seqs,
+        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        QUERIES_PER_KV=qpk, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, DOT_PRECISION=_dot_precision(query.dtype),
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return output
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """How many partitions a decode batch's contexts are cut into (host-only inputs, so graph-safe)."""
+    base = max(1, num_seqs * num_kv_heads)
+    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), base)
+    useful = triton.cdiv(max(1, max_seq_len), DECODE_MIN_PARTITION)
+    return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
+
+
+def decode_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    output: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    num_seqs: int,
+    max_seq_len: int,
+    *,
+    num_splits: int | None = None,
+    tile_n: int | None = None,
+    min_partition: int | None = None,
+) -> torch.Tensor:
+    """Split-KV attention for a decode-only batch (each sequence has at most one query token).
+
+    ``max_seq_len`` is a host-side upper bound on ``seq_lens`` and only shapes the grid; the actual partition
+    of each sequence is computed in the kernel from its own length. ``num_splits``, ``tile_n`` and
+    ``min_partition`` override the heuristics (tests, tuning). Nothing here reads device data on the host.
+    """
+    num_tokens, num_heads, head_size = query.shape
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    assert num_heads % num_kv_heads == 0 and output.stride(-1) == 1
+    if num_tokens == 0 or num_seqs == 0:
+        return output
+    query = _last_dim_contiguous(query)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    qpk = num_heads // num_kv_heads
+    head_p2 = max(16, triton.next_power_of_2(head_size))
+    qh_p2 = max(16, triton.next_power_of_2(qpk))
+    tile_n = tile_n or (64 if head_p2 <= 128 else 32)
+    min_partition = triton.cdiv(min_partition or DECODE_MIN_PARTITION, tile_n) * tile_n
+    if num_splits is None:
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
+    warps = 4
+    stages = 2
+    precision = _dot_precision(query.dtype)
+    if num_splits == 1:
+        part_out = part_lse = output  # unused
+    else:
+        f32 = dict(dtype=torch.float32, device=query.device)
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_p2, **f32)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, **f32)
+    _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, output, part_out, part_lse, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E, num_heads,
+        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        QUERIES_PER_KV=qpk, QH_P2=qh_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
+        TILE_N=tile_n, NUM_SPLITS=num_splits, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        splits_p2 = triton.next_power_of_2(num_splits)
+        _decode_reduce_kernel[(num_seqs, num_heads)](
+            output, part_out, part_lse, seq_lens, query_start_loc, num_heads,
+            output.stride(0), output.stride(1),
+            HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, NUM_SPLITS=num_splits, SPLITS_P2=splits_p2,
+            SPLIT_TILE=min(16, splits_p2), MIN_PARTITION=min_partition,
+            num_warps=1 if head_p2 <= 64 else 2,
+        )  # fmt: skip
+    return output

@@ -1,0 +1,116 @@
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from brisk.config import EngineArgs
+from brisk.engine.engine import LLMEngine
+from brisk.outputs import RequestOutput
+from brisk.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Generates completions for batches of prompts with continuous batching over a paged KV cache."""
+
+    def __init__(self, model: str, **kwargs):
+        unknown = set(kwargs) - set(EngineArgs.__dataclass_fields__)
+        if unknown:
+            raise TypeError(
+                f"LLM() got unknown arguments {sorted(unknown)}; accepted: {sorted(EngineArgs.__dataclass_fields__)}"
+            )
+        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        prompts = self._normalize_prompts(prompts)
+        params_list = self._normalize_params(sampling_params, len(prompts))
+        request_ids = []
+        try:
+            for prompt, params in zip(prompts, params_list):
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, prompt, params)
+                request_ids.append(request_id)
+            return self._run(request_ids, use_tqdm)
+        except BaseException:
+            self.engine.abort_request(request_ids)
+            raise
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("This model has no tokenizer, so chat templates cannot be applied.")
+        if not messages:
+            raise ValueError("messages is empty: give one conversation (a list of {role, content} dicts) or a list.")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        if chat_template is None and tokenizer.chat_template is None:
+            raise ValueError("The tokenizer has no chat template: pass chat_template= (a Jinja string).")
+        prompts = [
+            tokenizer.apply_chat_template(
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
+            for conversation in conversations
+        ]
+        # The template already holds BOS where the model wants it: tokenize without adding special tokens again.
+        token_prompts = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(token_prompts, sampling_params, use_tqdm)
+
+    @staticmethod
+    def _normalize_prompts(prompts) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
+            return [list(prompts)]
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty string, list of strings, or list of token-id lists.")
+        return list(prompts)
+
+    @staticmethod
+    def _normalize_params(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        params = list(params)
+        if len(params) != count:
+            raise ValueError(f"Got {len(params)} SamplingParams for {count} prompts: pass one, or one per prompt.")
+        return params
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        in_tokens = out_tokens = 0
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    in_tokens += len(output.prompt_token_ids)
+                    out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    elapsed = bar.format_dict["elapsed"] or 1e-9
+                    bar.set_postfix_str(f"in: {in_tokens / elapsed:.0f} tok/s, out: {out_tokens / elapsed:.0f} tok/s")
+                    bar.update(1)
+        bar.close()
+        return [finished[r] for r in request_ids]

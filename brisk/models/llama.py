@@ -1,0 +1,166 @@
+"""Llama-family decoder (Llama 2/3/3.1/3.2, Mistral, SmolLM); Qwen2 and Qwen3 reuse it with their options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from brisk.layers.activation import SiluAndMul
+from brisk.layers.attention.layer import Attention
+from brisk.layers.embedding import LMHead, VocabEmbedding
+from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from brisk.layers.norm import RMSNorm
+from brisk.layers.rotary import RotaryEmbedding, rope_parameters
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, dtype: torch.dtype, max_position: int, backend: str, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_size, config.num_attention_heads, num_kv_heads, qkv_bias, dtype
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_size,
+            config.hidden_size,
+            getattr(config, "attention_bias", False),
+            dtype,
+        )
+        self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(self.head_size, max_position, rope_parameters(config))
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size, self.head_size**-0.5, backend)
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_size)
+        k = k.view(-1, self.num_kv_heads, self.head_size)
+        v = v.view(-1, self.num_kv_heads, self.head_size)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config, dtype: torch.dtype):
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias, dtype)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias, dtype)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={config.hidden_act!r} is not supported (only silu).")
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, dtype, max_position, backend, qkv_bias, qk_norm):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, dtype, max_position, backend, qkv_bias, qk_norm)
+        self.mlp = LlamaMLP(config, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(self, positions, hidden_states, residual):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, dtype, max_position, backend, qkv_bias, qk_norm):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, max_position, backend, qkv_bias, qk_norm)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM over the paged KV cache. ``forward`` returns final hidden states; ``compute_logits`` the
+    vocabulary logits of the rows the sampler needs (so prompt positions never pay for the LM head)."""
+
+    qkv_bias = False
+    qk_norm = False
+    # checkpoint name fragment -> (fused parameter fragment, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config, dtype: torch.dtype, max_position: int, attention_backend: str):
+        super().__init__()
+        self.config = config
+        qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
+        self.model = LlamaModel(config, dtype, max_position, attention_backend, qkv_bias, self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden_states)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into parameters, routing q/k/v and gate/up into fused ones."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            shard_id = None
+            for fragment, (fused, shard) in self.packed_modules_mapping.items():
+                if f".{fragment}." in name:
+                    name, shard_id = name.replace(fragment, fused), shard
+                    break
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor, shard_id)
+            loaded.add(name if shard_id is None else f"{name}:{shard_id}")
+        expected = {n for n in params if not (n == "lm_head.weight" and self.tie_word_embeddings)}
+        missing = {n for n in expected if n not in loaded and not any(k.startswith(n + ":") for k in loaded)}
+        if missing:
+            raise ValueError(f"checkpoint is missing tensors: {sorted(missing)[:8]}")

@@ -1,0 +1,107 @@
+"""How to sample a request's completions. Every field is validated: bad values raise ``ValueError`` naming it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_MAX_LOGPROBS = 20
+_MAX_N = 128
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k filter
+    min_p: float = 0.0
+    max_tokens: int | None = 16  # None: up to max_model_len
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        def check(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} must be {rule}, got {getattr(self, name)!r}.")
+
+        def is_int(x: object) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool)
+
+        def is_num(x: object) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+
+        check(is_int(self.n) and 1 <= self.n <= _MAX_N, "n", f"an integer in [1, {_MAX_N}]")
+        check(is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "in [0, 100]")
+        check(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
+        check(is_int(self.top_k) and self.top_k >= 0, "top_k", "0 or -1 (disabled) or a positive integer")
+        check(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
+        check(
+            self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
+            "max_tokens",
+            "a positive integer or None",
+        )
+        check(is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "a non-negative integer")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})."
+            )
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
+        check(
+            all(is_int(t) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            "a list of non-negative token ids",
+        )
+        check(self.seed is None or is_int(self.seed), "seed", "an integer or None")
+        check(
+            is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+            "presence_penalty",
+            "in [-2, 2]",
+        )
+        check(
+            is_num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2,
+            "frequency_penalty",
+            "in [-2, 2]",
+        )
+        check(
+            is_num(self.repetition_penalty) and 0 < self.repetition_penalty <= 10,
+            "repetition_penalty",
+            "in (0, 10]",
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(
+                value is None or (is_int(value) and 0 <= value <= _MAX_LOGPROBS),
+                name,
+                f"None or an integer in [0, {_MAX_LOGPROBS}]",
+            )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def max_stop_string_len(self) -> int:
+        return max((len(s) for s in self.stop), default=0)

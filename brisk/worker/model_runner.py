@@ -1,0 +1,191 @@
+"""The model runner: the only place that builds tensors per step (input ids, positions, slot mapping, block
+tables), runs the model over the paged KV cache and samples."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from brisk.config import ModelConfig
+from brisk.engine.scheduler import SchedulerOutput
+from brisk.layers.attention.backend import AttentionMetadata
+from brisk.loader.weights import load_model
+from brisk.outputs import PositionLogprobs
+from brisk.worker.forward_context import set_forward_context
+from brisk.worker.sampler import Sampler, prompt_position_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request, in batch order: the sampled token (None for a prompt chunk that did not reach the
+    end) and its logprobs; plus prompt logprobs as (first position, entries) per request that asked for them."""
+
+    sampled_token_ids: list[int | None]
+    logprobs: list[PositionLogprobs | None]
+    chosen_logprobs: list[float | None]
+    prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        device: torch.device,
+        block_size: int,
+        attention_backend: str,
+        load_format: str,
+        seed: int,
+    ):
+        self.model_config = model_config
+        self.device = device
+        self.block_size = block_size
+        self.model = load_model(model_config, device, load_format, attention_backend, seed)
+        self.sampler = Sampler(device, seed)
+        self.kv_caches: list[torch.Tensor] = []
+
+    # ---- KV cache -----------------------------------------------------------------------------------------
+    def kv_cache_bytes_per_block(self) -> int:
+        return self.block_size * self.model_config.kv_bytes_per_token(self.model_config.dtype)
+
+    def profile_available_kv_bytes(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+        """GPU only: run a worst-case step, then give the KV cache what the memory budget leaves."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        num_blocks = -(-max_num_batched_tokens // self.block_size) + 1
+        self.allocate_kv_cache(num_blocks)
+        positions = torch.arange(max_num_batched_tokens, device=self.device) % self.model_config.max_model_len
+        metadata = _single_sequence_metadata(max_num_batched_tokens, self.block_size, self.device)
+        with torch.inference_mode(), set_forward_context(metadata):
+            hidden = self.model(torch.zeros_like(positions), positions)
+            self.model.compute_logits(hidden[-256:]).float().softmax(-1)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        self.kv_caches = []
+        for attn in self.model.attention_layers():
+            attn.kv_cache = torch.empty(0)
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        activation_headroom = peak - torch.cuda.memory_allocated(self.device)
+        used = total - free
+        available = int(total * gpu_memory_utilization - used - activation_headroom)
+        logger.info(
+            "memory: total %.1f GiB, in use %.1f GiB, activation peak %.2f GiB, KV cache %.1f GiB",
+            total / 2**30,
+            used / 2**30,
+            activation_headroom / 2**30,
+            available / 2**30,
+        )
+        return max(available, 0)
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        cfg = self.model_config
+        shape = (2, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_size)
+        self.kv_caches = [torch.zeros(shape, dtype=cfg.dtype, device=self.device) for _ in range(cfg.num_layers)]
+        for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
+            attn.kv_cache = cache
+
+    # ---- one step -----------------------------------------------------------------------------------------
+    def _prepare(self, out: SchedulerOutput):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start_loc = [0]
+        seq_lens: list[int] = []
+        tables = [out.block_tables[r.request_id] for r, _ in out.scheduled]
+        for (request, num_new), table in zip(out.scheduled, tables):
+            start = request.num_computed_tokens
+            end = start + num_new
+            if num_new == 1:
+                input_ids.append(request.all_token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                input_ids.extend(request.all_token_ids[start:end])
+                pos = np.arange(start, end)
+                positions.extend(pos.tolist())
+                slots.extend((np.asarray(table)[pos // bs] * bs + pos % bs).tolist())
+            query_start_loc.append(query_start_loc[-1] + num_new)
+            seq_lens.append(end)
+        max_blocks = max(len(t) for t in tables)
+        block_table = np.zeros((len(tables), max_blocks), dtype=np.int32)
+        for i, table in enumerate(tables):
+            block_table[i, : len(table)] = table
+        dev = self.device
+        metadata = AttentionMetadata(
+            num_tokens=len(input_ids),
+            num_seqs=len(tables),
+            max_query_len=max(n for _, n in out.scheduled),
+            max_seq_len=max(seq_lens),
+            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(block_table).to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        return ids, torch.tensor(positions, dtype=torch.long, device=dev), metadata
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        input_ids, positions, metadata = self._prepare(out)
+        with set_forward_context(metadata):
+            hidden = self.model(input_ids, positions)
+
+        # Rows that reach the end of their sequence sample a token; prompt chunks short of the end do not.
+        sample_rows = [i for i, (r, n) in enumerate(out.scheduled) if r.num_computed_tokens + n == r.num_tokens]
+        last_token_index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
+        sampled: list[int | None] = [None] * len(out.scheduled)
+        logprobs: list[PositionLogprobs | None] = [None] * len(out.scheduled)
+        chosen: list[float | None] = [None] * len(out.scheduled)
+        if sample_rows:
+            logits = self.model.compute_logits(hidden[last_token_index])
+            result = self.sampler(logits, [out.scheduled[i][0] for i in sample_rows])
+            for j, row in enumerate(sample_rows):
+                sampled[row] = result.token_ids[j]
+                logprobs[row] = result.logprobs[j]
+                chosen[row] = result.chosen_logprobs[j]
+        return ModelRunnerOutput(sampled, logprobs, chosen, self._prompt_logprobs(out, hidden, metadata))
+
+    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, metadata: AttentionMetadata):
+        """Logprob of each prompt token given the tokens before it, for requests that asked for them."""
+        result: dict[str, tuple[int, list[PositionLogprobs]]] = {}
+        for i, (request, num_new) in enumerate(out.scheduled):
+            k = request.sampling_params.prompt_logprobs
+            if k is None:
+                continue
+            start = request.num_computed_tokens
+            # Position p predicts token p + 1; keep predictions of prompt tokens not recorded yet.
+            first = max(start, len(request.prompt_logprobs) - 1)
+            last = min(start + num_new, request.num_prompt_tokens - 1)
+            if first >= last:
+                continue
+            q0 = metadata.query_start_loc_cpu[i]
+            rows = hidden[q0 + first - start : q0 + last - start]
+            lps = self.model.compute_logits(rows).float().log_softmax(dim=-1)
+            targets = request.prompt_token_ids[first + 1 : last + 1]
+            result[request.request_id] = (first + 1, prompt_position_logprobs(lps, targets, k))
+        return result
+
+
+def _single_sequence_metadata(num_tokens: int, block_size: int, device: torch.device) -> AttentionMetadata:
+    """Metadata of one sequence of ``num_tokens`` prompt tokens in blocks 0..n (used for memory profiling)."""
+    num_blocks = -(-num_tokens // block_size)
+    return AttentionMetadata(
+        num_tokens=num_tokens,
+        num_seqs=1,
+        max_query_len=num_tokens,
+        max_seq_len=num_tokens,
+        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
+        block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
+        slot_mapping=torch.arange(num_tokens, dtype=torch.int64, device=device),
+        query_start_loc_cpu=[0, num_tokens],
+        seq_lens_cpu=[num_tokens],
+    )

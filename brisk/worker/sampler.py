@@ -1,0 +1,153 @@
+"""Batched sampling: penalties, min_tokens, temperature, top-k / top-p / min-p, per-request seeds, logprobs.
+
+Logprobs are those of the model's raw distribution (before penalties and temperature), as OpenAI and vLLM
+report them. Seeded requests draw their noise from their own generator, so their samples do not depend on
+what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from brisk.engine.request import Request
+from brisk.outputs import Logprob, PositionLogprobs
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs | None]
+    chosen_logprobs: list[float | None]
+
+
+def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
+    for row, request in enumerate(requests):
+        params = request.sampling_params
+        if not params.has_penalties:
+            continue
+        row_logits = logits[row]
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(request.all_token_ids)), device=logits.device, dtype=torch.long)
+            values = row_logits[seen]
+            penalized = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+            row_logits[seen] = penalized
+        if (params.frequency_penalty or params.presence_penalty) and request.output_token_ids:
+            out = torch.tensor(request.output_token_ids, device=logits.device, dtype=torch.long)
+            counts = torch.zeros_like(row_logits).index_add_(0, out, torch.ones_like(out, dtype=row_logits.dtype))
+            row_logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(counts.dtype)
+
+
+def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
+    for row, request in enumerate(requests):
+        params = request.sampling_params
+        if request.num_output_tokens < params.min_tokens:
+            banned = set(params.stop_token_ids)
+            if not params.ignore_eos:
+                banned |= request.eos_token_ids
+            if banned:
+                logits[row, sorted(banned)] = float("-inf")
+
+
+def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside top-k, the top-p nucleus, and below min_p times the top probability."""
+    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
+        drop = ranks >= k[:, None]
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        # keep a token if the mass strictly before it is below top_p (the top token always survives)
+        mass_before = probs.cumsum(dim=-1) - probs
+        drop |= mass_before >= top_p[:, None]
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    if bool((min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    return logits
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int):
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        logits = logits.float()
+        want_logprobs = [r.sampling_params.logprobs is not None for r in requests]
+        raw_logprobs = logits.log_softmax(dim=-1) if any(want_logprobs) else None
+        if any(r.sampling_params.has_penalties for r in requests):
+            _apply_penalties(logits, requests)
+        _apply_min_tokens(logits, requests)
+
+        greedy = [r.sampling_params.greedy for r in requests]
+        token_ids = logits.argmax(dim=-1)
+        if not all(greedy):
+            token_ids = self._sample(logits, requests, greedy, token_ids)
+        tokens = token_ids.tolist()
+
+        logprobs: list[PositionLogprobs | None] = [None] * len(requests)
+        chosen: list[float | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            rows = [i for i, w in enumerate(want_logprobs) if w]
+            logprobs_rows, chosen_rows = self._gather_logprobs(raw_logprobs[rows], token_ids[rows], requests, rows)
+            for i, row in enumerate(rows):
+                logprobs[row], chosen[row] = logprobs_rows[i], chosen_rows[i]
+        return SamplerOutput(tokens, logprobs, chosen)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
+        params = [r.sampling_params for r in requests]
+        temperature = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=self.device)
+        top_k = torch.tensor([p.top_k for p in params], device=self.device)
+        top_p = torch.tensor([p.top_p for p in params], device=self.device)
+        min_p = torch.tensor([p.min_p for p in params], device=self.device)
+        logits = _filter(logits / temperature[:, None], top_k, top_p, min_p)
+        probs = logits.softmax(dim=-1)
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own stream.
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for row, request in enumerate(requests):
+            if request.generator is not None and not greedy[row]:
+                own = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
+                noise[row] = own.to(self.device)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(torch.tensor(greedy, device=self.device), greedy_ids, sampled)
+
+    @staticmethod
+    def _gather_logprobs(raw: torch.Tensor, chosen_ids: torch.Tensor, requests: list[Request], rows: list[int]):
+        k_max = max(requests[r].sampling_params.logprobs for r in rows)
+        chosen_lp = raw.gather(-1, chosen_ids[:, None]).squeeze(-1)
+        ranks = (raw > chosen_lp[:, None]).sum(dim=-1) + 1
+        top_values, top_ids = raw.topk(k_max, dim=-1) if k_max > 0 else (raw[:, :0], chosen_ids[:, None][:, :0])
+        return _to_position_logprobs(
+            chosen_ids.tolist(),
+            chosen_lp.tolist(),
+            ranks.tolist(),
+            top_ids.tolist(),
+            top_values.tolist(),
+            [requests[r].sampling_params.logprobs for r in rows],
+        ), chosen_lp.tolist()
+
+
+def _to_position_logprobs(chosen_ids, chosen_lps, ranks, top_ids, top_values, ks) -> list[PositionLogprobs]:
+    result = []
+    for token, lp, rank, ids, values, k in zip(chosen_ids, chosen_lps, ranks, top_ids, top_values, ks):
+        position = {token: Logprob(lp, rank)}
+        for r, (tid, value) in enumerate(zip(ids[:k], values[:k]), start=1):
+            position.setdefault(tid, Logprob(value, r))
+        result.append(position)
+    return result
+
+
+def prompt_position_logprobs(logprobs: torch.Tensor, targets: list[int], k: int) -> list[PositionLogprobs]:
+    """Logprobs of given next tokens at consecutive prompt positions, with the top-k alternatives."""
+    target_ids = torch.tensor(targets, device=logprobs.device)
+    chosen = logprobs.gather(-1, target_ids[:, None]).squeeze(-1)
+    ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
+    top_values, top_ids = logprobs.topk(max(k, 1), dim=-1)
+    return _to_position_logprobs(
+        targets, chosen.tolist(), ranks.tolist(), top_ids.tolist(), top_values.tolist(), [k] * len(targets)
+    )

@@ -1,0 +1,99 @@
+"""Bad input raises errors that say what to change, and leaves the engine usable."""
+
+import pytest
+
+from brisk import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama):
+    return LLM(tiny_llama, device="cpu", max_model_len=64)
+
+
+@pytest.mark.parametrize(
+    "prompts, match",
+    [
+        ([], "non-empty"),
+        ("", "empty"),
+        ([[]], "empty"),
+        ("word " * 100, "max_model_len is 64"),
+        ([[10**9]], "outside the vocabulary"),
+        ([1.5], "string or a list of integer"),
+    ],
+)
+def test_bad_prompts(llm, prompts, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate(prompts, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.kv_cache_manager.num_free_blocks == llm.engine.kv_cache_manager.pool.num_blocks
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": 10**6}, "n"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+        ({"presence_penalty": 9}, "presence_penalty"),
+        ({"frequency_penalty": -9}, "frequency_penalty"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"logprobs": 1000}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"seed": "x"}, "seed"),
+        ({"max_tokens": True}, "max_tokens"),
+    ],
+)
+def test_bad_sampling_params(kwargs, field):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
+        SamplingParams(**kwargs)
+
+
+def test_mismatched_params_list(llm):
+    with pytest.raises(ValueError, match="one per prompt"):
+        llm.generate(["a", "b"], [SamplingParams(), SamplingParams(), SamplingParams()], use_tqdm=False)
+
+
+def test_unknown_model_path():
+    with pytest.raises(FileNotFoundError):
+        LLM("/nonexistent/model/folder", device="cpu")
+
+
+def test_unknown_engine_argument(tiny_llama):
+    with pytest.raises(TypeError, match="unknown arguments"):
+        LLM(tiny_llama, device="cpu", max_num_seq=4)
+
+
+def test_kv_cache_too_small_says_what_to_change(tiny_llama):
+    with pytest.raises(ValueError, match="Raise kv_cache_memory_bytes, or lower max_model_len"):
+        LLM(tiny_llama, device="cpu", kv_cache_memory_bytes=4096, max_model_len=512)
+
+
+def test_unsupported_architecture(tmp_path, tiny_llama):
+    import json
+    import shutil
+
+    shutil.copytree(tiny_llama, tmp_path / "m", dirs_exist_ok=True)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["architectures"] = ["FancyNewForCausalLM"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="Supported architectures: LlamaForCausalLM"):
+        LLM(str(tmp_path / "m"), device="cpu")
+
+
+def test_max_model_len_too_large(tiny_llama):
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        LLM(tiny_llama, device="cpu", max_model_len=10**6)
+
+
+def test_still_works_after_errors(llm):
+    out = llm.generate("Paris is", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

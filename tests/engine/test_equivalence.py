@@ -1,0 +1,73 @@
+"""Every scheduling optimization gives the same greedy tokens as the plain path."""
+
+import pytest
+
+from brisk import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+SHARED = "Once upon a time there was a small engine that served many requests quickly. " * 3
+
+
+def prompts_with_shared_prefix(tokenizer, count: int = 8) -> list[list[int]]:
+    prefix = tokenizer.encode(SHARED)
+    return [prefix + tokenizer.encode(f" Request number {i} asks about {'the fox ' * (i % 3)}") for i in range(count)]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama):
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    prompts = prompts_with_shared_prefix(llm.get_tokenizer())
+    return prompts, token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+
+
+def test_prefix_caching_gives_same_tokens_and_hits(tiny_llama, baseline):
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=True)
+    first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert first[0].num_cached_tokens == 0
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    shared_blocks = len(llm.get_tokenizer().encode(SHARED)) // 16
+    assert all(o.num_cached_tokens >= shared_blocks * 16 for o in outputs)
+    stats = llm.engine.get_stats()
+    assert stats.prefix_cache_hits >= len(prompts) * shared_blocks * 16
+    assert stats.prefix_cache_queries >= stats.prefix_cache_hits
+
+
+def test_chunked_prefill_tiny_budget(tiny_llama, baseline):
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu", max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+
+
+def test_forced_preemption(tiny_llama, baseline):
+    prompts, expected = baseline
+    # 2 layers x 2 kv heads x 16 dims x 2 (k, v) x 4 bytes = 512 bytes per token; 12 blocks of 16 tokens.
+    llm = LLM(tiny_llama, device="cpu", kv_cache_memory_bytes=12 * 16 * 512, max_model_len=160)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    assert llm.engine.get_stats().num_preemptions > 0
+    assert llm.engine.kv_cache_manager.num_free_blocks == 12
+
+
+def test_n_greedy_completions_are_identical(tiny_llama, baseline):
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu")
+    params = SamplingParams(n=3, temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts[:2], params, use_tqdm=False)
+    for output, want in zip(outputs, expected):
+        assert [c.index for c in output.outputs] == [0, 1, 2]
+        assert all(c.token_ids == want for c in output.outputs)
+
+
+def test_batch_of_one_equals_batch_of_32(tiny_llama):
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(f"Numbers: {' '.join(str(j) for j in range(i % 11))} and the fox {i}") for i in range(32)]
+    batched = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+    singles = [token_ids(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts[:6]]
+    assert batched[:6] == singles
