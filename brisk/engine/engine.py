@@ -74,6 +74,7 @@ class LLMEngine:
         )
         num_blocks = self._plan_kv_cache()
         self.model_runner.allocate_kv_cache(num_blocks)
+        self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
         self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len

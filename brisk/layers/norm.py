@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from brisk.layers.fused import fused_ops_for
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
@@ -21,6 +23,9 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Without ``residual``: norm(x). With it: (norm(x + residual), x + residual)."""
+        fused = fused_ops_for(x)
+        if fused is not None:
+            return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

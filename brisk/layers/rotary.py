@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from brisk.layers.fused import fused_ops_for
+
 
 def rope_parameters(hf_config) -> dict:
     """Rope settings from either transformers 5 (``rope_parameters``) or 4 (``rope_theta`` + ``rope_scaling``)."""
@@ -62,6 +64,9 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``query``: [tokens, heads, head_size]; ``key``: [tokens, kv_heads, head_size]."""
+        fused = fused_ops_for(query)
+        if fused is not None:
+            return fused.apply_rotary(positions, query, key, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)

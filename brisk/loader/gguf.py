@@ -13,10 +13,12 @@ packages of ``MODELS.md``) without assembling it. Tensor payloads are still deco
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
 import os
+import shutil
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -407,8 +409,11 @@ def read_model_info(g: GGUFFile, dtype: torch.dtype) -> GGUFModelInfo:
         "use_cache": True,
         "torch_dtype": str(dtype).removeprefix("torch."),
     }
-    for key, tok_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                         ("pad_token_id", "padding_token_id")):
+    for key, tok_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         v = g.get(f"tokenizer.ggml.{tok_key}")
         if v is not None:
             cfg[key] = int(v)
@@ -464,8 +469,10 @@ def write_safetensors_streaming(
         f.write(blob)
         for (name, shape), (tname, t) in zip(specs, tensors, strict=True):
             if tname != name or tuple(t.shape) != tuple(expected[name]) or t.dtype != dtype:
-                raise RuntimeError(f"tensor stream out of order: got {tname} {tuple(t.shape)} {t.dtype}, "
-                                   f"expected {name} {shape} {dtype}")
+                raise RuntimeError(
+                    f"tensor stream out of order: got {tname} {tuple(t.shape)} {t.dtype}, "
+                    f"expected {name} {shape} {dtype}"
+                )
             t = t.contiguous()
             f.write(t.view(torch.uint8).numpy().data if t.numel() else b"")
         if f.tell() != 8 + len(blob) + off:
@@ -495,8 +502,12 @@ def convert_gguf(
         if eos_ids:
             info.config["eos_token_id"] = eos_ids[0]
         specs = [(info.tensor_names[n], g.tensors[n].shape) for n in info.tensor_names]
+        _check_free_space(out, sum(math.prod(shape) for _, shape in specs) * dtype.itemsize)
         write_safetensors_streaming(
-            out / "model.safetensors", specs, dtype, iter_hf_tensors(g, info, dtype),
+            out / "model.safetensors",
+            specs,
+            dtype,
+            iter_hf_tensors(g, info, dtype),
             metadata={"source": "gguf", "architecture": info.arch},
         )
         (out / "config.json").write_text(json.dumps(info.config, indent=2) + "\n")
@@ -511,3 +522,14 @@ def convert_gguf(
     if progress:
         progress(f"converted {info.arch} GGUF into {out}")
     return info.config
+
+
+def _check_free_space(out: Path, needed: int) -> None:
+    free = shutil.disk_usage(out).free
+    if free < needed + (64 << 20):
+        raise OSError(
+            errno.ENOSPC,
+            f"Not enough disk space to convert the GGUF: {needed / 2**30:.1f} GiB of weights to write, "
+            f"{free / 2**30:.1f} GiB free under {out.parent}. Free some space, point BRISK_CACHE_DIR at a "
+            "larger disk, or use a smaller dtype (bfloat16 needs half the space of float32).",
+        )

@@ -131,20 +131,33 @@ def build_tokenizer_object(fields: dict[str, Any]) -> Tokenizer:
     if add_bos or add_eos:
         eos = _token(fields, "eos_token_id")
         single = " ".join(([f"{bos}:0"] if add_bos else []) + ["$A:0"] + ([f"{eos}:0"] if add_eos else []))
-        pair = single + " " + " ".join(([f"{bos}:1"] if add_bos else []) + ["$B:1"]
-                                      + ([f"{eos}:1"] if add_eos else []))
+        pair = (
+            single
+            + " "
+            + " ".join(([f"{bos}:1"] if add_bos else []) + ["$B:1"] + ([f"{eos}:1"] if add_eos else []))
+        )
         special = [(t, vocab[t]) for t in {bos if add_bos else None, eos if add_eos else None} if t]
         tok.post_processor = processors.Sequence(
-            [processors.ByteLevel(trim_offsets=False),
-             processors.TemplateProcessing(single=single, pair=pair, special_tokens=special)]
+            [
+                processors.ByteLevel(trim_offsets=False),
+                processors.TemplateProcessing(single=single, pair=pair, special_tokens=special),
+            ]
         )
     else:
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     added = []
     for i, (t, typ) in enumerate(zip(tokens, types, strict=True)):
         if typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED) and vocab.get(t) == i:
-            added.append(AddedToken(t, special=typ == TOKEN_CONTROL, normalized=False,
-                                    single_word=False, lstrip=False, rstrip=False))
+            added.append(
+                AddedToken(
+                    t,
+                    special=typ == TOKEN_CONTROL,
+                    normalized=False,
+                    single_word=False,
+                    lstrip=False,
+                    rstrip=False,
+                )
+            )
     # add_tokens keeps the ids these texts already have in the vocabulary.
     tok.add_tokens(added)
     return tok
@@ -152,8 +165,12 @@ def build_tokenizer_object(fields: dict[str, Any]) -> Tokenizer:
 
 def _special_tokens(fields: dict[str, Any]) -> dict[str, str]:
     out = {}
-    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
-                      ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+    for name, key in (
+        ("bos_token", "bos_token_id"),
+        ("eos_token", "eos_token_id"),
+        ("pad_token", "padding_token_id"),
+        ("unk_token", "unknown_token_id"),
+    ):
         text = _token(fields, key)
         if text is not None:
             out[name] = text
@@ -172,8 +189,14 @@ def save_tokenizer(fields: dict[str, Any], out_dir: str | os.PathLike) -> None:
     tok.save(str(out / "tokenizer.json"))
     specials = _special_tokens(fields)
     added = {
-        str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized, "rstrip": t.rstrip,
-                 "single_word": t.single_word, "special": t.special}
+        str(i): {
+            "content": t.content,
+            "lstrip": t.lstrip,
+            "normalized": t.normalized,
+            "rstrip": t.rstrip,
+            "single_word": t.single_word,
+            "special": t.special,
+        }
         for i, t in sorted(tok.get_added_tokens_decoder().items())
     }
     cfg: dict[str, Any] = {

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,38 +259,54 @@ def _convert_into_cache(paths: Sequence[Path], sha: str, dtype: torch.dtype, sou
 
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
-    _clean_stale_tmp(root)
     folder = root / _folder_name(sha, dtype)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{folder.name}-", dir=root))
-    with contextlib.suppress(OSError):  # mkdtemp makes it private; a model cache may be shared
-        os.chmod(tmp, 0o755)
-    try:
-        t0 = time.perf_counter()
-        logger.info("Converting %s into %s (%s); this happens once.", source, folder, dtype)
-        convert_gguf(paths, tmp, dtype)
-        marker = {
-            "converter_version": CONVERTER_VERSION,
-            "sha256": sha,
-            "dtype": str(dtype).removeprefix("torch."),
-            "source": source,
-            "seconds": round(time.perf_counter() - t0, 2),
-        }
-        (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        if folder.exists():  # an outdated or broken cache: move it aside, then put ours in place
-            trash = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}old-", dir=root))
-            with contextlib.suppress(OSError):
-                os.rename(folder, trash / "old")
+    # One converter per cache entry: other processes (tensor-parallel ranks, a second server) wait here
+    # and then find the finished folder instead of converting the same model again.
+    with _exclusive_lock(root / f".lock-{folder.name}"):
+        if _valid_cache(folder):
+            return folder
+        _clean_stale_tmp(root)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{folder.name}-", dir=root))
+        with contextlib.suppress(OSError):  # mkdtemp makes it private; a model cache may be shared
+            os.chmod(tmp, 0o755)
         try:
+            t0 = time.perf_counter()
+            logger.info("Converting %s into %s (%s); this happens once.", source, folder, dtype)
+            convert_gguf(paths, tmp, dtype)
+            marker = {
+                "converter_version": CONVERTER_VERSION,
+                "sha256": sha,
+                "dtype": str(dtype).removeprefix("torch."),
+                "source": source,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+            (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+            if folder.exists():  # an outdated or broken entry: move it aside, then put ours in place
+                trash = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}old-", dir=root))
+                os.rename(folder, trash / "old")
             os.rename(tmp, folder)
-        except OSError:
-            if not _valid_cache(folder):  # not a concurrent writer that won the race
-                raise
-        logger.info("Converted %s in %.1f s.", source, time.perf_counter() - t0)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for old in root.glob(f"{_TMP_PREFIX}old-*"):
-            shutil.rmtree(old, ignore_errors=True)
+            logger.info("Converted %s in %.1f s.", source, time.perf_counter() - t0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            for old in root.glob(f"{_TMP_PREFIX}old-*"):
+                shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    """An advisory inter-process lock (``flock``); a no-op where ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _clean_stale_tmp(root: Path, max_age_s: float = 6 * 3600) -> None:
@@ -338,9 +354,14 @@ def file_sha256(paths: Sequence[Path]) -> str:
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _DTYPE_NAMES = {
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
     "auto": torch.bfloat16,
 }
 
@@ -399,8 +420,7 @@ def _resolve_hub(repo_id: str, dtype: torch.dtype) -> Path:
             _accepted_forms(
                 f"{repo_id!r} looks like a Hugging Face hub id, but it is not in the local Hugging Face "
                 "cache and there is no network access to download it (nor is there a local folder of that "
-                "name)."
-                + hint
+                "name)." + hint
             )
         )
     if (folder / "config.json").is_file():

@@ -14,7 +14,9 @@ from brisk.engine.scheduler import SchedulerOutput
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
+from brisk.worker.cuda_graphs import DecodeGraphs
 from brisk.worker.forward_context import set_forward_context
+from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class ModelRunner:
         self.model_config = model_config
         self.device = device
         self.block_size = block_size
+        self.attention_backend = attention_backend
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
         self.kv_caches: list[torch.Tensor] = []
@@ -89,64 +92,79 @@ class ModelRunner:
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
 
+    def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
+        """Allocate the persistent input buffers, then capture decode CUDA graphs where they apply."""
+        max_blocks = -(-self.model_config.max_model_len // self.block_size)
+        self.buffers = InputBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and not enforce_eager and self.attention_backend != "torch":
+            self.graphs = DecodeGraphs(self.model, self.buffers, max_num_seqs, self.model_config.max_model_len)
+            self.graphs.capture()
+
     # ---- one step -----------------------------------------------------------------------------------------
-    def _prepare(self, out: SchedulerOutput):
+    def _prepare(self, out: SchedulerOutput) -> tuple[int, int, AttentionMetadata]:
+        """Fill the input buffers for this step; returns (tokens to run, padded batch size or 0, metadata)."""
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        buf = self.buffers
         query_start_loc = [0]
         seq_lens: list[int] = []
-        tables = [out.block_tables[r.request_id] for r, _ in out.scheduled]
-        for (request, num_new), table in zip(out.scheduled, tables):
+        token = 0
+        max_query_len = 0
+        for row, (request, num_new) in enumerate(out.scheduled):
+            table = out.block_tables[request.request_id]
+            buf.write_block_table_row(row, table)
             start = request.num_computed_tokens
             end = start + num_new
             if num_new == 1:
-                input_ids.append(request.all_token_ids[start])
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
+                buf.np_input_ids[token] = request.all_token_ids[start]
+                buf.np_positions[token] = start
+                buf.np_slot_mapping[token] = table[start // bs] * bs + start % bs
             else:
-                input_ids.extend(request.all_token_ids[start:end])
                 pos = np.arange(start, end)
-                positions.extend(pos.tolist())
-                slots.extend((np.asarray(table)[pos // bs] * bs + pos % bs).tolist())
-            query_start_loc.append(query_start_loc[-1] + num_new)
+                buf.np_input_ids[token : token + num_new] = request.all_token_ids[start:end]
+                buf.np_positions[token : token + num_new] = pos
+                buf.np_slot_mapping[token : token + num_new] = np.asarray(table)[pos // bs] * bs + pos % bs
+            token += num_new
+            max_query_len = max(max_query_len, num_new)
+            query_start_loc.append(token)
             seq_lens.append(end)
-        max_blocks = max(len(t) for t in tables)
-        block_table = np.zeros((len(tables), max_blocks), dtype=np.int32)
-        for i, table in enumerate(tables):
-            block_table[i, : len(table)] = table
-        dev = self.device
-        metadata = AttentionMetadata(
-            num_tokens=len(input_ids),
-            num_seqs=len(tables),
-            max_query_len=max(n for _, n in out.scheduled),
-            max_seq_len=max(seq_lens),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.from_numpy(block_table).to(dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            query_start_loc_cpu=query_start_loc,
-            seq_lens_cpu=seq_lens,
-        )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
-        return ids, torch.tensor(positions, dtype=torch.long, device=dev), metadata
+        num_seqs = len(seq_lens)
+        buf.seq_lens.numpy()[:num_seqs] = seq_lens
+        buf.query_start_loc.numpy()[: num_seqs + 1] = query_start_loc
+        padded = 0
+        if self.graphs is not None and max_query_len == 1:
+            padded = self.graphs.padded_size(num_seqs) or 0
+        if padded:
+            buf.fill_padding(token, padded, num_seqs, padded)
+            buf.copy_to_device(padded, padded)
+        else:
+            buf.copy_to_device(token, num_seqs)
+        metadata = buf.metadata(token, num_seqs, max_query_len, max(seq_lens), query_start_loc, seq_lens)
+        return token, padded, metadata
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        input_ids, positions, metadata = self._prepare(out)
-        with set_forward_context(metadata):
-            hidden = self.model(input_ids, positions)
+        num_tokens, padded, metadata = self._prepare(out)
+        if padded:
+            hidden = self.graphs.replay(padded)[:num_tokens]
+        else:
+            with set_forward_context(metadata):
+                hidden = self.model(
+                    self.buffers.input_ids_device[:num_tokens], self.buffers.positions_device[:num_tokens]
+                )
 
         # Rows that reach the end of their sequence sample a token; prompt chunks short of the end do not.
         sample_rows = [i for i, (r, n) in enumerate(out.scheduled) if r.num_computed_tokens + n == r.num_tokens]
-        last_token_index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
         sampled: list[int | None] = [None] * len(out.scheduled)
         logprobs: list[PositionLogprobs | None] = [None] * len(out.scheduled)
         chosen: list[float | None] = [None] * len(out.scheduled)
         if sample_rows:
-            logits = self.model.compute_logits(hidden[last_token_index])
-            result = self.sampler(logits, [out.scheduled[i][0] for i in sample_rows])
+            if len(sample_rows) == num_tokens:  # pure decode: every row samples
+                rows = hidden
+            else:
+                index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
+                rows = hidden[torch.tensor(index, device=hidden.device)]
+            result = self.sampler(self.model.compute_logits(rows), [out.scheduled[i][0] for i in sample_rows])
             for j, row in enumerate(sample_rows):
                 sampled[row] = result.token_ids[j]
                 logprobs[row] = result.logprobs[j]

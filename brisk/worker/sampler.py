@@ -13,6 +13,7 @@ import torch
 
 from brisk.engine.request import Request
 from brisk.outputs import Logprob, PositionLogprobs
+from brisk.sampling_params import SamplingParams
 
 
 @dataclass
@@ -50,9 +51,12 @@ def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
                 logits[row, sorted(banned)] = float("-inf")
 
 
-def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits outside top-k, the top-p nucleus, and below min_p times the top probability."""
-    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.device) -> torch.Tensor:
+    """Mask logits outside top-k, the top-p nucleus, and below min_p times the top probability. The checks for
+    which filters apply read the host-side params, so no step waits on the device for them."""
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        top_k = _device_tensor([p.top_k for p in params], torch.int64, device)
+        top_p = _device_tensor([p.top_p for p in params], torch.float32, device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[-1]
         k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
@@ -64,11 +68,19 @@ def _filter(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
         drop |= mass_before >= top_p[:, None]
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-    if bool((min_p > 0).any()):
+    if any(p.min_p > 0 for p in params):
+        min_p = _device_tensor([p.min_p for p in params], torch.float32, device)
         probs = logits.softmax(dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < threshold, float("-inf"))
     return logits
+
+
+def _device_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without blocking the host (pinned staging memory on GPUs)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 class Sampler:
@@ -101,11 +113,9 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
         params = [r.sampling_params for r in requests]
-        temperature = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], device=self.device)
-        top_k = torch.tensor([p.top_k for p in params], device=self.device)
-        top_p = torch.tensor([p.top_p for p in params], device=self.device)
-        min_p = torch.tensor([p.min_p for p in params], device=self.device)
-        logits = _filter(logits / temperature[:, None], top_k, top_p, min_p)
+        temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
+        temperature = _device_tensor(temps, torch.float32, self.device)
+        logits = _filter(logits / temperature[:, None], params, self.device)
         probs = logits.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own stream.
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -114,7 +124,9 @@ class Sampler:
                 own = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
                 noise[row] = own.to(self.device)
         sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(torch.tensor(greedy, device=self.device), greedy_ids, sampled)
+        if not any(greedy):
+            return sampled
+        return torch.where(_device_tensor(greedy, torch.bool, self.device), greedy_ids, sampled)
 
     @staticmethod
     def _gather_logprobs(raw: torch.Tensor, chosen_ids: torch.Tensor, requests: list[Request], rows: list[int]):

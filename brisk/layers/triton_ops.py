@@ -1,0 +1,122 @@
+"""Fused elementwise kernels for the GPU path: (residual add +) RMSNorm, rotary embedding, SiLU-and-mul.
+
+Each replaces several small torch kernels by one launch, which is what separates a CUDA-graphed decode step
+from the weight-read floor at small batch sizes. The torch versions in ``norm.py``, ``rotary.py`` and
+``activation.py`` stay the reference (and the CPU path); tests compare the two in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
+    x_stride, hidden, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * hidden + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like the unfused add
+        tl.store(residual_out_ptr + row * hidden + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, axis=0) / hidden
+    normed = (xf * tl.rsqrt(variance + eps)).to(x.dtype)
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * hidden + cols, (normed.to(tl.float32) * w.to(tl.float32)).to(x.dtype), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as ``RMSNorm.forward``: norm(x), or (norm(x + residual), x + residual)."""
+    shape = x.shape
+    hidden = shape[-1]
+    x2 = x.reshape(-1, hidden)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(out) if residual is not None else out
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            x2, residual.reshape(-1, hidden) if residual is not None else x2, weight, out, residual_out,
+            x2.stride(0), hidden, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4,
+        )  # fmt: skip
+    if residual is None:
+        return out.view(shape)
+    return out.view(shape), residual_out.view(shape)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
+    q_token_stride, q_head_stride, k_token_stride, k_head_stride, trig_stride,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0)
+    pos = tl.load(pos_ptr + token)
+    offs = tl.arange(0, HALF_P2)
+    mask = offs < HALF
+    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=mask, other=0.0)
+    for h in range(NUM_Q_HEADS):
+        base = q_ptr + token * q_token_stride + h * q_head_stride
+        x1 = tl.load(base + offs, mask=mask, other=0.0)
+        x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        tl.store(base + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
+        tl.store(base + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
+    for h in range(NUM_K_HEADS):
+        base = k_ptr + token * k_token_stride + h * k_head_stride
+        x1 = tl.load(base + offs, mask=mask, other=0.0)
+        x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        tl.store(base + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
+        tl.store(base + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
+
+
+def apply_rotary(
+    positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``query`` [tokens, heads, dim] and ``key`` [tokens, kv_heads, dim] in place (rotate-half layout)."""
+    tokens, num_q_heads, dim = query.shape
+    assert query.stride(-1) == 1 and key.stride(-1) == 1 and cos.is_contiguous()
+    if tokens:
+        _rotary_kernel[(tokens,)](
+            query, key, cos, sin, positions,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos.stride(0),
+            NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=dim // 2,
+            HALF_P2=triton.next_power_of_2(dim // 2), num_warps=1,
+        )  # fmt: skip
+    return query, key
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, d, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # rounded like torch's silu before the product
+    tl.store(out_ptr + row * d + cols, (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1] // 2
+    x2 = x.reshape(-1, 2 * d)
+    out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(d))
+    if x2.shape[0]:
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block, num_warps=4)
+    return out.view(*x.shape[:-1], d)
