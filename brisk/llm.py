@@ -42,7 +42,7 @@ class LLM:
         try:
             for prompt, params in zip(prompts, params_list):
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, stream=False)
                 request_ids.append(request_id)
             return self._run(request_ids, use_tqdm)
         except BaseException:

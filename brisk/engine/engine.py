@@ -36,7 +36,7 @@ class _Completion:
     """One of a parent request's ``n`` sequences and its detokenization state."""
 
     request: Request
-    detokenizer: IncrementalDetokenizer | None
+    detokenizer: IncrementalDetokenizer | None  # None: decode once at the end (or never, without detokenize)
     finish_reason: str | None = None
 
 
@@ -47,6 +47,7 @@ class _ParentRequest:
     prompt_token_ids: list[int]
     completions: list[_Completion]
     metrics: RequestMetrics
+    stream: bool
 
 
 class LLMEngine:
@@ -164,7 +165,10 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        stream: bool = True,
     ) -> None:
+        """Queue a request. With ``stream=False`` its output is returned only once, when it finishes, and text
+        is decoded once at the end unless stop strings need watching (cheaper for offline batches)."""
         params = params or SamplingParams()
         if request_id in self._parents:
             raise ValueError(f"request_id {request_id!r} is already in use.")
@@ -180,12 +184,12 @@ class LLMEngine:
             child_id = request_id if params.n == 1 else f"{index}_{request_id}"
             request = Request(child_id, token_ids, child_params, self.eos_token_ids, arrival_time)
             detok = None
-            if params.detokenize and self.tokenizer is not None:
+            if params.detokenize and self.tokenizer is not None and (stream or params.stop):
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
             completions.append(_Completion(request, detok))
             self._child_to_parent[child_id] = (request_id, index)
         self._parents[request_id] = _ParentRequest(
-            request_id, text, token_ids, completions, RequestMetrics(arrival_time)
+            request_id, text, token_ids, completions, RequestMetrics(arrival_time), stream
         )
         for completion in completions:
             self.scheduler.add_request(completion.request)
@@ -279,7 +283,8 @@ class LLMEngine:
                     completion.finish_reason = completion.request.status.finish_reason
                     if completion.detokenizer is not None and not isinstance(completion.request.stop_reason, str):
                         completion.detokenizer.flush()
-            outputs.append(self._make_output(parent, now))
+            if parent.stream or all(c.finish_reason is not None for c in parent.completions):
+                outputs.append(self._make_output(parent, now))
         return outputs
 
     def _make_output(self, parent: _ParentRequest, now: float) -> RequestOutput:
@@ -313,8 +318,13 @@ class LLMEngine:
     def _completion_output(self, index: int, completion: _Completion) -> CompletionOutput:
         request = completion.request
         finished = completion.finish_reason is not None
-        text = completion.detokenizer.visible_text(finished) if completion.detokenizer else ""
         params = request.sampling_params
+        if completion.detokenizer is not None:
+            text = completion.detokenizer.visible_text(finished)
+        elif params.detokenize and self.tokenizer is not None:
+            text = self.tokenizer.decode(request.output_token_ids, skip_special_tokens=params.skip_special_tokens)
+        else:
+            text = ""
         return CompletionOutput(
             index=index,
             text=text,

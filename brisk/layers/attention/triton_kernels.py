@@ -167,9 +167,10 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
 
 
 @triton.jit
-def _decode_partition(seq_len, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr, MIN_PARTITION: tl.constexpr):
+def _decode_partition(seq_len, num_splits, TILE_N: tl.constexpr, MIN_PARTITION: tl.constexpr):
     """Keys per split of a ``seq_len``-long context: an equal share rounded up to the tile, >= the min."""
-    part = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
+    # Plain integer arithmetic rather than tl.cdiv: nested jit calls are slow in the interpreter (tests).
+    part = ((seq_len + num_splits - 1) // num_splits + TILE_N - 1) // TILE_N * TILE_N
     return tl.maximum(part, MIN_PARTITION)
 
 
@@ -206,7 +207,9 @@ def _unified_attention_kernel(
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    q_block_global = tl.program_id(0)
+    # Highest query blocks first: under the causal mask they have the most keys, so the long programs start
+    # early and the short ones fill the tail.
+    q_block_global = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_idx = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq_idx)
@@ -245,7 +248,7 @@ def _unified_attention_kernel(
             kv_head_off, stride_cb, stride_ct, scale_log2,
             BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, False, DOT_PRECISION,
         )  # fmt: skip
-    for t in range(num_full, tl.cdiv(kv_len, TILE_N)):
+    for t in range(num_full, (kv_len + TILE_N - 1) // TILE_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t * TILE_N, kv_len, q_pos,
             kv_head_off, stride_cb, stride_ct, scale_log2,
@@ -266,7 +269,7 @@ def _unified_attention_kernel(
 # ------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -279,6 +282,7 @@ def _decode_attention_kernel(
     query_start_loc_ptr,
     scale_log2,
     num_heads,
+    num_splits,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -293,7 +297,7 @@ def _decode_attention_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_P2: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
     MIN_PARTITION: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -304,9 +308,9 @@ def _decode_attention_kernel(
     if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:  # no query token for this sequence
         return
     seq_len = tl.load(seq_lens_ptr + seq_idx)
-    partition = _decode_partition(seq_len, NUM_SPLITS, TILE_N, MIN_PARTITION)
+    partition = _decode_partition(seq_len, num_splits, TILE_N, MIN_PARTITION)
     start = split * partition
-    if NUM_SPLITS > 1:  # noqa: SIM102 (the outer test is compile-time)
+    if not ONE_SPLIT:  # noqa: SIM102 (the outer test is compile-time)
         if start >= seq_len:  # this sequence is too short to use this split
             return
     end = tl.minimum(start + partition, seq_len)
@@ -343,21 +347,21 @@ def _decode_attention_kernel(
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    if NUM_SPLITS == 1:
+    if ONE_SPLIT:
         tl.store(
             out_ptr + q_tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
             out.to(out_ptr.dtype.element_ty),
             mask=io_mask,
         )
     else:
-        # part_out: [seqs, num_heads, NUM_SPLITS, HEAD_P2] fp32; part_lse: [seqs, num_heads, NUM_SPLITS].
-        row = (seq_idx.to(tl.int64) * num_heads + head) * NUM_SPLITS + split  # [QH_P2]
+        # part_out: [seqs, num_heads, num_splits, HEAD_P2] fp32; part_lse: [seqs, num_heads, num_splits].
+        row = (seq_idx.to(tl.int64) * num_heads + head) * num_splits + split  # [QH_P2]
         tl.store(part_out_ptr + row[:, None] * HEAD_P2 + offs_d[None, :], out, mask=h_mask[:, None])
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(part_lse_ptr + row, lse, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(
     out_ptr,
     part_out_ptr,
@@ -365,12 +369,12 @@ def _decode_reduce_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     num_heads,
+    num_splits,
     stride_ot,
     stride_oh,
     HEAD_SIZE: tl.constexpr,
     HEAD_P2: tl.constexpr,
     TILE_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     SPLIT_TILE: tl.constexpr,
     MIN_PARTITION: tl.constexpr,
@@ -381,8 +385,9 @@ def _decode_reduce_kernel(
     if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:
         return
     seq_len = tl.load(seq_lens_ptr + seq_idx)
-    num_used = tl.cdiv(seq_len, _decode_partition(seq_len, NUM_SPLITS, TILE_N, MIN_PARTITION))
-    base = (seq_idx.to(tl.int64) * num_heads + head) * NUM_SPLITS
+    partition = _decode_partition(seq_len, num_splits, TILE_N, MIN_PARTITION)
+    num_used = (seq_len + partition - 1) // partition
+    base = (seq_idx.to(tl.int64) * num_heads + head) * num_splits
     offs_s = tl.arange(0, SPLITS_P2)
     lse = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_used, other=float("-inf"))
     lse_max = tl.max(lse, 0)
@@ -462,7 +467,7 @@ def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tu
     if rows >= 128 and head_p2 <= 128:
         block_m, tile_n, warps, stages = 128, 64, 8, 3
     elif rows >= 64:
-        block_m, tile_n, warps, stages = 64, 64 if head_p2 <= 128 else 32, 4, 3
+        block_m, tile_n, warps, stages = (64, 64, 4, 3) if head_p2 <= 128 else (64, 32, 8, 3)
     else:
         block_m, tile_n, warps, stages = 16, 64 if head_p2 <= 128 else 32, 4, 2
     return max(block_m, triton.next_power_of_2(queries_per_kv)), tile_n, warps, stages
@@ -481,12 +486,14 @@ def unified_attention(
     *,
     block_m: int | None = None,
     tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV).
 
     ``query``/``output``: [num_tokens, num_heads, head_size] (last dim contiguous; other strides free).
     ``block_m`` (rows per program, a power of two >= 16 and >= the GQA group) and ``tile_n`` (keys per
-    iteration, a power of two >= 16) override the heuristic, for tests and tuning.
+    iteration, a power of two >= 16), ``num_warps`` and ``num_stages`` override the heuristic (tests, tuning).
     """
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -499,8 +506,8 @@ def unified_attention(
     qpk = num_heads // num_kv_heads
     head_p2 = max(16, triton.next_power_of_2(head_size))
     cfg_m, cfg_n, warps, stages = _unified_config(head_p2, qpk, max_query_len)
-    block_m = block_m or cfg_m
-    tile_n = tile_n or cfg_n
+    block_m, tile_n = block_m or cfg_m, tile_n or cfg_n
+    warps, stages = num_warps or warps, num_stages or stages
     assert block_m >= qpk and block_m >= 16 and tile_n >= 16
     block_q = block_m // qpk
     # Sum over sequences of cdiv(query_len, block_q) <= num_tokens // block_q + num_seqs: a host-only bound.
@@ -539,12 +546,15 @@ def decode_attention(
     num_splits: int | None = None,
     tile_n: int | None = None,
     min_partition: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Split-KV attention for a decode-only batch (each sequence has at most one query token).
 
     ``max_seq_len`` is a host-side upper bound on ``seq_lens`` and only shapes the grid; the actual partition
-    of each sequence is computed in the kernel from its own length. ``num_splits``, ``tile_n`` and
-    ``min_partition`` override the heuristics (tests, tuning). Nothing here reads device data on the host.
+    of each sequence is computed in the kernel from its own length. ``num_splits``, ``tile_n``,
+    ``min_partition``, ``num_warps`` and ``num_stages`` override the heuristics (tests, tuning). Nothing here
+    reads device data on the host.
     """
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -561,8 +571,6 @@ def decode_attention(
     min_partition = triton.cdiv(min_partition or DECODE_MIN_PARTITION, tile_n) * tile_n
     if num_splits is None:
         num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
-    warps = 4
-    stages = 2
     precision = _dot_precision(query.dtype)
     if num_splits == 1:
         part_out = part_lse = output  # unused
@@ -572,19 +580,19 @@ def decode_attention(
         part_lse = torch.empty(num_seqs, num_heads, num_splits, **f32)
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, output, part_out, part_lse, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_heads,
+        scale * LOG2E, num_heads, num_splits,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, QH_P2=qh_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
-        TILE_N=tile_n, NUM_SPLITS=num_splits, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
-        num_warps=warps, num_stages=stages,
+        TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
         _decode_reduce_kernel[(num_seqs, num_heads)](
-            output, part_out, part_lse, seq_lens, query_start_loc, num_heads,
+            output, part_out, part_lse, seq_lens, query_start_loc, num_heads, num_splits,
             output.stride(0), output.stride(1),
-            HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, NUM_SPLITS=num_splits, SPLITS_P2=splits_p2,
+            HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, SPLITS_P2=splits_p2,
             SPLIT_TILE=min(16, splits_p2), MIN_PARTITION=min_partition,
             num_warps=1 if head_p2 <= 64 else 2,
         )  # fmt: skip

@@ -1,0 +1,262 @@
+"""The Triton attention backend against the torch reference, on tiny shapes.
+
+Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported).
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+
+from brisk.layers.attention import default_backend, get_attn_impl_cls  # noqa: E402
+from brisk.layers.attention import triton_kernels as tk  # noqa: E402
+from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
+from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
+from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ATOL = 1e-4
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    block_size: int,
+    *,
+    pad_tokens: int = 0,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+):
+    """A random step for ``seqs`` = [(seq_len, query_len)]: shuffled pages, unwritten cache slots are NaN.
+
+    The cached prefix of each sequence (its first ``seq_len - query_len`` tokens) holds random values; the
+    step's own keys/values are returned for the backend to write. ``pad_tokens`` extra query rows with slot -1
+    follow the real ones (as a padded CUDA-graph batch would have).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    pages_per_seq = [-(-s // block_size) for s, _ in seqs]
+    num_blocks = sum(pages_per_seq) + 3
+    cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_size), float("nan"))
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_tables = torch.zeros(len(seqs), max(pages_per_seq + [1]) + 2, dtype=torch.int32)
+    slots, used = [], 0
+    for i, (seq_len, query_len) in enumerate(seqs):
+        pages = perm[used : used + pages_per_seq[i]]
+        used += pages_per_seq[i]
+        block_tables[i, : len(pages)] = pages.to(torch.int32)
+        for t in range(seq_len):
+            page, off = int(pages[t // block_size]), t % block_size
+            if t < seq_len - query_len:
+                cache[:, page, off] = torch.randn(2, num_kv_heads, head_size, generator=gen)
+            else:
+                slots.append(page * block_size + off)
+    num_tokens = len(slots) + pad_tokens
+    slots += [-1] * pad_tokens
+    starts = [0]
+    for _, query_len in seqs:
+        starts.append(starts[-1] + query_len)
+    metadata = AttentionMetadata(
+        num_tokens=num_tokens,
+        num_seqs=len(seqs),
+        max_query_len=max(q for _, q in seqs),
+        max_seq_len=max(s for s, _ in seqs),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.tensor([s for s, _ in seqs], dtype=torch.int32, device=DEVICE),
+        block_tables=block_tables,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=[s for s, _ in seqs],
+    )
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=DEVICE, dtype=dtype)
+
+    q = rand(num_tokens, num_heads, head_size)
+    k = rand(num_tokens, num_kv_heads, head_size)
+    v = rand(num_tokens, num_kv_heads, head_size)
+    return q, k, v, cache.to(device=DEVICE, dtype=dtype), metadata
+
+
+def reference(q, k, v, cache, metadata):
+    num_heads, num_kv_heads, head_size = q.shape[1], k.shape[1], q.shape[2]
+    impl = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5)
+    cache = cache.clone()
+    out = impl.forward(q, k, v, cache, metadata)
+    return out[: metadata.query_start_loc_cpu[-1]], cache
+
+
+def assert_close(out, ref, atol=ATOL):
+    assert out.shape == ref.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=atol, rtol=1e-4)
+
+
+# A prefill chunk on a cached prefix, a fresh prefill, decodes (one at context 1), and a small extend.
+MIXED = [(45, 13), (29, 29), (17, 1), (1, 1), (9, 3)]
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [
+        (2, 2, 16, 8),  # MHA
+        (4, 2, 32, 16),  # GQA 2
+        (8, 2, 64, 8),  # GQA 4
+        (4, 1, 16, 16),  # GQA 4, one kv head
+        (6, 2, 32, 8),  # GQA 3 (not a power of two, like Qwen2's 7)
+        (2, 1, 48, 16),  # head size not a power of two
+    ],
+)
+def test_mixed_batch_matches_reference(num_heads, num_kv_heads, head_size, block_size):
+    q, k, v, cache, md = make_batch(MIXED, num_heads, num_kv_heads, head_size, block_size, pad_tokens=2)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    impl = get_attn_impl_cls("triton")(num_heads, num_kv_heads, head_size, head_size**-0.5)
+    out = impl.forward(q, k, v, cache, md)
+    assert_close(out[: md.query_start_loc_cpu[-1]], ref)
+    torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("block_m,tile_n", [(16, 16), (32, 32), (64, 16), (128, 64)])
+def test_unified_tile_shapes(block_m, tile_n):
+    """Other tilings: several KV tiles per page and pages per tile, query blocks spanning few/many tokens."""
+    q, k, v, cache, md = make_batch(MIXED, 4, 2, 16, 8, seed=1)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    out = torch.empty_like(q)
+    tk.unified_attention(
+        q, cache, out, md.block_tables, md.seq_lens, md.query_start_loc, 16**-0.5, md.num_seqs,
+        md.max_query_len, block_m=block_m, tile_n=tile_n,
+    )  # fmt: skip
+    assert_close(out, ref)
+
+
+def test_unified_handles_empty_query_and_strided_io():
+    """A sequence with no query token this step; query/output as strided views of fused buffers."""
+    seqs = [(12, 4), (20, 0), (7, 7), (30, 1)]
+    num_heads, num_kv_heads, head_size = 4, 2, 32
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, 8, seed=2)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    fused = torch.zeros(q.shape[0], num_heads + 2, head_size, device=DEVICE)
+    fused[:, :num_heads] = q
+    out_buf = torch.zeros(q.shape[0], num_heads + 1, head_size, device=DEVICE)
+    out = out_buf[:, 1:]
+    tk.unified_attention(
+        fused[:, :num_heads], cache, out, md.block_tables, md.seq_lens, md.query_start_loc,
+        head_size**-0.5, md.num_seqs, md.max_query_len,
+    )  # fmt: skip
+    assert_close(out, ref)
+    assert (out_buf[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [(2, 2, 16, 8), (4, 2, 32, 16), (4, 1, 64, 8), (3, 1, 48, 16)],
+)
+def test_decode_split_kv_matches_reference(num_heads, num_kv_heads, head_size, block_size):
+    """Decode-only batch with several partitions per sequence, including splits left empty by short ones."""
+    seqs = [(70, 1), (1, 1), (33, 1), (50, 1)]
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, block_size, seed=3)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    step = (md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs)
+    for num_splits in (1, 4):
+        out = torch.full_like(q, float("nan"))
+        tk.decode_attention(
+            q, cache, out, *step, md.max_seq_len, num_splits=num_splits, tile_n=16, min_partition=16
+        )
+        assert_close(out, ref)
+    # The unified kernel must agree on decode rows too.
+    out = torch.full_like(q, float("nan"))
+    tk.unified_attention(q, cache, out, *step, md.max_query_len)
+    assert_close(out, ref)
+
+
+def test_decode_through_backend_heuristics():
+    """The backend's own choice: a long context (several 128-key partitions) and a batch of short ones."""
+    for seed, seqs in enumerate([[(300, 1)], [(40, 1), (3, 1), (25, 1)]]):
+        q, k, v, cache, md = make_batch(seqs, 4, 1, 16, 16, seed=4 + seed)
+        assert md.is_decode_only
+        ref, ref_cache = reference(q, k, v, cache, md)
+        out = TritonAttentionImpl(4, 1, 16, 16**-0.5).forward(q, k, v, cache, md)
+        assert_close(out, ref)
+        torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+    assert tk.decode_num_splits(1, 1, 300, torch.device("cpu")) == 3
+
+
+def test_decode_padded_sequences_give_zeros():
+    """CUDA-graph padding rows (seq_len 0, slot -1) must neither crash nor produce NaN."""
+    q, k, v, cache, md = make_batch([(20, 1), (9, 1)], 4, 2, 16, 8, seed=6)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    pad = 2
+    q_pad = torch.cat([q, torch.randn(pad, *q.shape[1:], device=DEVICE)])
+    seq_lens = torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=DEVICE)])
+    starts = torch.arange(md.num_seqs + pad + 1, dtype=torch.int32, device=DEVICE)
+    pad_tables = torch.zeros(pad, md.block_tables.shape[1], dtype=torch.int32, device=DEVICE)
+    tables = torch.cat([md.block_tables, pad_tables])
+    for num_splits in (1, 4):
+        out = torch.full_like(q_pad, float("nan"))
+        tk.decode_attention(
+            q_pad, cache, out, tables, seq_lens, starts, 0.25, md.num_seqs + pad, 64,
+            num_splits=num_splits, tile_n=16, min_partition=16,
+        )  # fmt: skip
+        assert_close(out[: md.num_seqs], ref)
+        assert (out[md.num_seqs :] == 0).all()
+
+
+def test_fp16_mixed_and_decode():
+    """16-bit inputs (probabilities rounded to fp16 before the PV product), against an fp32 reference."""
+    for seqs in (MIXED, [(60, 1), (5, 1), (37, 1)]):
+        q, k, v, cache, md = make_batch(seqs, 4, 2, 32, 16, seed=8, dtype=torch.float16)
+        ref, _ = reference(q.float(), k.float(), v.float(), cache.float(), md)
+        impl = TritonAttentionImpl(4, 2, 32, 32**-0.5)
+        if md.is_decode_only:
+            write_kv_cache(k, v, cache, md.slot_mapping)
+            out = torch.empty_like(q)
+            tk.decode_attention(
+                q, cache, out, md.block_tables, md.seq_lens, md.query_start_loc, 32**-0.5, md.num_seqs,
+                md.max_seq_len, num_splits=3, tile_n=16, min_partition=16,
+            )  # fmt: skip
+        else:
+            out = impl.forward(q, k, v, cache, md)
+        assert out.dtype == torch.float16
+        assert_close(out.float(), ref, atol=3e-3)
+
+
+def test_write_kv_cache_matches_reference():
+    num_tokens, num_kv_heads, head_size, block_size, num_blocks = 11, 3, 32, 8, 6
+    cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_size, device=DEVICE)
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens].to(DEVICE)
+    slots[[2, 7]] = -1
+    # key/value as strided views of a fused qkv projection, like the model's output.
+    qkv = torch.randn(num_tokens, 4 + 2 * num_kv_heads, head_size, device=DEVICE)
+    key, value = qkv[:, 4 : 4 + num_kv_heads], qkv[:, 4 + num_kv_heads :]
+    expected = cache.clone()
+    write_kv_cache(key, value, expected, slots)
+    tk.write_kv_cache(key, value, cache, slots)
+    assert torch.equal(cache, expected)
+
+
+def test_write_kv_cache_casts_to_cache_dtype():
+    key = torch.randn(5, 2, 16, device=DEVICE)
+    value = torch.randn(5, 2, 16, device=DEVICE)
+    slots = torch.tensor([3, 0, -1, 9, 15], device=DEVICE)
+    cache = torch.zeros(2, 2, 8, 2, 16, dtype=torch.float16, device=DEVICE)
+    expected = cache.clone()
+    write_kv_cache(key, value, expected, slots)
+    tk.write_kv_cache(key, value, cache, slots)
+    assert torch.equal(cache, expected)
+
+
+def test_registration():
+    assert get_attn_impl_cls("triton") is TritonAttentionImpl
+    assert default_backend(torch.device("cpu")) == "torch"
+    assert default_backend(torch.device("cuda")) == "triton"
