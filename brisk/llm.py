@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Sequence
 
 from tqdm.auto import tqdm
@@ -113,4 +114,6 @@ class LLM:
                     bar.set_postfix_str(f"in: {in_tokens / elapsed:.0f} tok/s, out: {out_tokens / elapsed:.0f} tok/s")
                     bar.update(1)
         bar.close()
+        if self.engine.step_timer.enabled:
+            print(f"brisk step timing: {self.engine.step_timer.summary()}", file=sys.stderr)
         return [finished[r] for r in request_ids]

@@ -21,6 +21,7 @@ from brisk.engine.detokenizer import IncrementalDetokenizer
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerStats
+from brisk.engine.step_timer import StepTimer
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
@@ -69,7 +70,7 @@ class LLMEngine:
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
         self.attention_backend = backend
-        self.max_num_batched_tokens = args.max_num_batched_tokens or (8192 if self.device.type == "cuda" else 2048)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
         self.model_runner = ModelRunner(
             self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
         )
@@ -81,6 +82,7 @@ class LLMEngine:
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
         )
         self._parents: dict[str, _ParentRequest] = {}
+        self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
 
     @classmethod
@@ -236,12 +238,15 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        timer = self.step_timer
+        timer.start()
         schedule = self.scheduler.schedule()
+        timer.mark("schedule")
         if schedule.is_empty:
             if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                 raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
             return []
-        result = self.model_runner.execute(schedule)
+        result = self.model_runner.execute(schedule, timer)
         now = time.time()
         for request, (start, entries) in result.prompt_logprobs.items():
             req = self.scheduler.requests[request]
@@ -259,6 +264,7 @@ class LLMEngine:
                 request.logprobs.append(lps)
                 request.cumulative_logprob += lp
         self.scheduler.update_from_output(schedule, result.sampled_token_ids)
+        timer.mark("update")
 
         touched: dict[str, _ParentRequest] = {}
         stopped_by_string: list[str] = []
@@ -285,6 +291,7 @@ class LLMEngine:
                         completion.detokenizer.flush()
             if parent.stream or all(c.finish_reason is not None for c in parent.completions):
                 outputs.append(self._make_output(parent, now))
+        timer.mark("outputs")
         return outputs
 
     def _make_output(self, parent: _ParentRequest, now: float) -> RequestOutput:

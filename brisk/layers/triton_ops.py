@@ -57,31 +57,34 @@ def rms_norm(
 
 
 @triton.jit
+def _rotate_heads(base_ptr, token_stride, head_stride, token, cos, sin, offs, dmask,
+                  NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+    heads = tl.arange(0, HEADS_P2)
+    mask = (heads[:, None] < NUM_HEADS) & dmask[None, :]
+    ptrs = base_ptr + token * token_stride + heads[:, None] * head_stride + offs[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0)
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(ptrs, (a * cos - b * sin).to(x1.dtype), mask=mask)
+    tl.store(ptrs + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
     q_token_stride, q_head_stride, k_token_stride, k_head_stride, trig_stride,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HALF_P2: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, K_HEADS_P2: tl.constexpr,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr,
 ):  # fmt: skip
+    """One program per token rotates all its query and key heads as [heads, dim/2] tiles."""
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
     offs = tl.arange(0, HALF_P2)
-    mask = offs < HALF
-    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=mask, other=0.0)
-    for h in range(NUM_Q_HEADS):
-        base = q_ptr + token * q_token_stride + h * q_head_stride
-        x1 = tl.load(base + offs, mask=mask, other=0.0)
-        x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
-        a, b = x1.to(tl.float32), x2.to(tl.float32)
-        tl.store(base + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
-        tl.store(base + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
-    for h in range(NUM_K_HEADS):
-        base = k_ptr + token * k_token_stride + h * k_head_stride
-        x1 = tl.load(base + offs, mask=mask, other=0.0)
-        x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
-        a, b = x1.to(tl.float32), x2.to(tl.float32)
-        tl.store(base + offs, (a * cos - b * sin).to(x1.dtype), mask=mask)
-        tl.store(base + HALF + offs, (b * cos + a * sin).to(x1.dtype), mask=mask)
+    dmask = offs < HALF
+    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    _rotate_heads(q_ptr, q_token_stride, q_head_stride, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
+    _rotate_heads(k_ptr, k_token_stride, k_head_stride, token, cos, sin, offs, dmask, NUM_K_HEADS, K_HEADS_P2, HALF)
 
 
 def apply_rotary(
@@ -94,8 +97,9 @@ def apply_rotary(
         _rotary_kernel[(tokens,)](
             query, key, cos, sin, positions,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos.stride(0),
-            NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], HALF=dim // 2,
-            HALF_P2=triton.next_power_of_2(dim // 2), num_warps=1,
+            NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], Q_HEADS_P2=triton.next_power_of_2(num_q_heads),
+            K_HEADS_P2=triton.next_power_of_2(key.shape[1]), HALF=dim // 2, HALF_P2=triton.next_power_of_2(dim // 2),
+            num_warps=4,
         )  # fmt: skip
     return query, key
 

@@ -11,6 +11,7 @@ import torch
 
 from brisk.config import ModelConfig
 from brisk.engine.scheduler import SchedulerOutput
+from brisk.engine.step_timer import StepTimer
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
@@ -143,8 +144,9 @@ class ModelRunner:
         return token, padded, metadata
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, out: SchedulerOutput, timer: StepTimer) -> ModelRunnerOutput:
         num_tokens, padded, metadata = self._prepare(out)
+        timer.mark("prepare")
         if padded:
             hidden = self.graphs.replay(padded)[:num_tokens]
         else:
@@ -152,6 +154,7 @@ class ModelRunner:
                 hidden = self.model(
                     self.buffers.input_ids_device[:num_tokens], self.buffers.positions_device[:num_tokens]
                 )
+        timer.mark("forward", sync=True)
 
         # Rows that reach the end of their sequence sample a token; prompt chunks short of the end do not.
         sample_rows = [i for i, (r, n) in enumerate(out.scheduled) if r.num_computed_tokens + n == r.num_tokens]
@@ -169,7 +172,9 @@ class ModelRunner:
                 sampled[row] = result.token_ids[j]
                 logprobs[row] = result.logprobs[j]
                 chosen[row] = result.chosen_logprobs[j]
-        return ModelRunnerOutput(sampled, logprobs, chosen, self._prompt_logprobs(out, hidden, metadata))
+        prompt_logprobs = self._prompt_logprobs(out, hidden, metadata)
+        timer.mark("sample")
+        return ModelRunnerOutput(sampled, logprobs, chosen, prompt_logprobs)
 
     def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, metadata: AttentionMetadata):
         """Logprob of each prompt token given the tokens before it, for requests that asked for them."""

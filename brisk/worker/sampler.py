@@ -7,6 +7,7 @@ what else is in the batch.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,18 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.de
     return logits
 
 
+def _fusable(params: SamplingParams, generator: torch.Generator | None) -> bool:
+    return (
+        generator is None
+        and params.top_k == 0
+        and params.top_p == 1.0
+        and params.min_p == 0.0
+        and not params.has_penalties
+        and params.min_tokens == 0
+        and params.logprobs is None
+    )
+
+
 def _device_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small host list on the device without blocking the host (pinned staging memory on GPUs)."""
     if device.type == "cpu":
@@ -83,12 +96,26 @@ def _device_tensor(values: list, dtype: torch.dtype, device: torch.device) -> to
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
+def _fused_sampling_module(device: torch.device):
+    if device.type != "cuda":
+        return None
+    try:
+        from brisk.worker import triton_sampling
+    except ImportError:
+        return None
+    return triton_sampling
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int):
         self.device = device
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.fused = _fused_sampling_module(device)
+        self._seeds = random.Random(seed)  # per-step seeds of the fused kernel's random stream
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        if self.fused is not None and all(_fusable(r.sampling_params, r.generator) for r in requests):
+            return self._sample_fused(logits, requests)
         logits = logits.float()
         want_logprobs = [r.sampling_params.logprobs is not None for r in requests]
         raw_logprobs = logits.log_softmax(dim=-1) if any(want_logprobs) else None
@@ -110,6 +137,14 @@ class Sampler:
             for i, row in enumerate(rows):
                 logprobs[row], chosen[row] = logprobs_rows[i], chosen_rows[i]
         return SamplerOutput(tokens, logprobs, chosen)
+
+    def _sample_fused(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        """Plain temperature / greedy rows: one kernel pass over the logits."""
+        temps = [0.0 if r.sampling_params.greedy else r.sampling_params.temperature for r in requests]
+        temperature = _device_tensor(temps, torch.float32, self.device)
+        tokens = self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31)).tolist()
+        none = [None] * len(requests)
+        return SamplerOutput(tokens, none, list(none))
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
         params = [r.sampling_params for r in requests]

@@ -1,0 +1,216 @@
+"""The engines a benchmark can drive: brisk's ``LLM`` and HF transformers ``generate`` (the in-process peer).
+
+Both expose ``run(prompts, output_lens, temperature) -> RunResult``: one timed call over all the prompts, with
+exact output lengths (brisk: ``ignore_eos``; HF: no EOS token in the generation config).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brisk.bench.datasets import WARMUP_OUTPUT_LEN, warmup_prompts
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    output_counts: list[int]  # tokens generated per request (what the request asked for)
+    generated_tokens: int  # tokens the engine actually produced (HF static batches may produce more)
+    ttft_s: list[float | None] = field(default_factory=list)  # engine-side, from RequestOutput.metrics
+    decode_s: list[float | None] = field(default_factory=list)  # first token -> finished, engine-side
+
+
+class BriskBackend:
+    name = "brisk"
+
+    def __init__(self, model: str, engine_kwargs: dict):
+        from brisk import LLM
+
+        start = time.perf_counter()
+        self.llm = LLM(model=model, **engine_kwargs)
+        self.init_s = time.perf_counter() - start
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.llm.engine.model_config.hf_config.vocab_size)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.llm.engine.max_model_len)
+
+    def describe(self) -> dict:
+        engine = self.llm.engine
+        info: dict = {"engine_init_s": round(self.init_s, 3)}
+        probes = {
+            "device": lambda: str(engine.device),
+            "dtype": lambda: str(engine.model_config.dtype).removeprefix("torch."),
+            "max_model_len": lambda: engine.max_model_len,
+            "attention_backend": lambda: engine.attention_backend,
+            "max_num_batched_tokens": lambda: engine.max_num_batched_tokens,
+            "max_num_seqs": lambda: engine.args.max_num_seqs,
+            "block_size": lambda: engine.args.block_size,
+            "prefix_caching": lambda: engine.args.enable_prefix_caching,
+            "enforce_eager": lambda: engine.args.enforce_eager,
+            "kv_cache_blocks": lambda: engine.kv_cache_manager.pool.num_blocks,
+            "kv_cache_tokens": lambda: engine.kv_cache_manager.pool.num_blocks * engine.args.block_size,
+        }
+        for key, probe in probes.items():
+            with contextlib.suppress(AttributeError):  # the engine changed shape: report what can still be read
+                info[key] = probe()
+        return info
+
+    def run(self, prompts: list[list[int]], output_lens: list[int], temperature: float) -> RunResult:
+        from brisk import SamplingParams
+
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, detokenize=False)
+            for n in output_lens
+        ]
+        start = time.perf_counter()
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        counts = [len(o.outputs[0].token_ids) for o in outputs]
+        ttft, decode = [], []
+        for o in outputs:
+            m = o.metrics
+            ttft.append(None if m.first_token_time is None else m.first_token_time - m.arrival_time)
+            done = m.finished_time is not None and m.first_token_time is not None
+            decode.append(m.finished_time - m.first_token_time if done else None)
+        return RunResult(wall, counts, sum(counts), ttft, decode)
+
+    def warmup(self) -> float:
+        return _warmup(self)
+
+    def close(self) -> None:
+        self.llm = None
+
+
+class HFBackend:
+    """transformers ``generate`` in static batches of ``batch_size``, left-padded; random weights for a
+    config-only folder (or ``load_format="dummy"``)."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str,
+        dtype: str = "auto",
+        device: str = "auto",
+        load_format: str = "auto",
+        seed: int = 0,
+        batch_size: int = 128,
+    ):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from brisk.config import resolve_device, resolve_dtype
+
+        start = time.perf_counter()
+        self.device = resolve_device(device)
+        folder = Path(model)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"--backend hf needs an HF-style model folder with config.json, got {model!r}.")
+        config = AutoConfig.from_pretrained(folder)
+        self.dtype = resolve_dtype(dtype, config, self.device)
+        has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+        self.random_weights = load_format == "dummy" or not has_weights
+        torch.manual_seed(seed)
+        if self.random_weights:
+            with self.device:  # initialize on the device: an 8B model in bf16 initializes in seconds there
+                model_obj = AutoModelForCausalLM.from_config(config, dtype=self.dtype)
+        else:
+            model_obj = AutoModelForCausalLM.from_pretrained(folder, dtype=self.dtype)
+        self.model = model_obj.to(self.device).eval()
+        # Exact output lengths (ignore_eos): no EOS in the generation config means no row ever finishes early.
+        # (min_new_tokens would do it too, but adds a logits processor to every step.)
+        self.model.generation_config.eos_token_id = None
+        self.vocab_size = int(config.vocab_size)
+        self.max_model_len = int(getattr(config, "max_position_embeddings", 2048))
+        self.batch_size = batch_size
+        self.seed = seed
+        self._sync()
+        self.init_s = time.perf_counter() - start
+
+    def describe(self) -> dict:
+        import transformers
+
+        return {
+            "engine_init_s": round(self.init_s, 3),
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "transformers": transformers.__version__,
+            "hf_batch_size": self.batch_size,
+            "random_weights": self.random_weights,
+            "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+        }
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _generate_batch(self, prompts: list[list[int]], max_new: int, temperature: float) -> int:
+        """One left-padded batch; returns the number of new tokens per row."""
+        import torch
+
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        kwargs = dict(max_new_tokens=max_new, pad_token_id=0)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        with torch.inference_mode():
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
+        return out.shape[1] - width
+
+    def run(self, prompts: list[list[int]], output_lens: list[int], temperature: float) -> RunResult:
+        """Static batches in request order; a batch decodes ``max(output_lens)`` of its requests (every row the
+        same number of steps), and each request is credited only the tokens it asked for."""
+        self._sync()
+        start = time.perf_counter()
+        generated = 0
+        for first in range(0, len(prompts), self.batch_size):
+            batch = prompts[first : first + self.batch_size]
+            lens = output_lens[first : first + self.batch_size]
+            new = self._generate_batch(batch, max(lens), temperature)
+            if new != max(lens):
+                raise RuntimeError(f"HF generate made {new} tokens per row, expected {max(lens)}.")
+            generated += new * len(batch)
+        self._sync()
+        wall = time.perf_counter() - start
+        return RunResult(wall, list(output_lens), generated)
+
+    def warmup(self) -> float:
+        return _warmup(self)
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _warmup(backend) -> float:
+    """The recipe's warm-up: 4 prompts of 16, 64, 200 and 700 ids, 32 tokens, sampled then greedy."""
+    limit = backend.max_model_len - WARMUP_OUTPUT_LEN - 1  # a short max_model_len: clip the 700-id prompt
+    prompts = [p[:limit] for p in warmup_prompts()]
+    lens = [WARMUP_OUTPUT_LEN] * len(prompts)
+    start = time.perf_counter()
+    backend.run(prompts, lens, 0.6)
+    backend.run(prompts, lens, 0.0)
+    return time.perf_counter() - start
+
+
+def make_backend(name: str, model: str, engine_kwargs: dict, hf_batch_size: int):
+    if name == "brisk":
+        return BriskBackend(model, engine_kwargs)
+    if name == "hf":
+        keys = ("dtype", "device", "load_format", "seed")
+        return HFBackend(model, **{k: engine_kwargs[k] for k in keys if k in engine_kwargs}, batch_size=hf_batch_size)
+    raise ValueError(f"Unknown backend {name!r}; choose brisk or hf.")

@@ -1,0 +1,150 @@
+"""Model shapes the benchmarks run on, as config-only folders (random weights with ``--load-format dummy``).
+
+``--model llama-3.1-8b-shape`` (or any name in :data:`NAMED_CONFIGS`) writes the config into a temporary folder:
+no weights and no tokenizer are needed, since the offline workloads send token ids.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+# The peers recipe (shared/peers/anchor.py): Llama-3.1-8B's config.json, bf16.
+LLAMA31_8B_CONFIG: dict = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "vocab_size": 128256,
+}
+
+# The online anchor (shared/peers/serve_anchor.sh): the same shape with the SmolLM2 tokenizer's vocabulary, so
+# server and client share a real tokenizer (copy its files in with ``brisk bench write-config --tokenizer``).
+LLAMA31_8B_SMOLLM2_VOCAB_CONFIG: dict = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 49152,
+}
+
+# A few-MB llama with the 8B's structure (GQA, llama3 rope, untied) and a vocabulary that holds the workloads'
+# ids [0, 10000): for CPU smoke runs and tests.
+LLAMA_TINY_CONFIG: dict = {
+    **LLAMA31_8B_CONFIG,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rope_scaling": {**LLAMA31_8B_CONFIG["rope_scaling"], "original_max_position_embeddings": 512},
+    "torch_dtype": "float32",
+    "vocab_size": 10240,
+}
+
+NAMED_CONFIGS: dict[str, dict] = {
+    "llama-3.1-8b-shape": LLAMA31_8B_CONFIG,
+    "llama-3.1-8b-shape-smollm2-vocab": LLAMA31_8B_SMOLLM2_VOCAB_CONFIG,
+    "llama-tiny-shape": LLAMA_TINY_CONFIG,
+}
+
+# The recipe's max_model_len for the named shapes (their configs allow 131072, which the workloads never need).
+NAMED_DEFAULT_MAX_MODEL_LEN = 4096
+
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+
+
+def get_config(name: str) -> dict:
+    try:
+        return copy.deepcopy(NAMED_CONFIGS[name])
+    except KeyError:
+        raise ValueError(f"Unknown model shape {name!r}; known: {', '.join(NAMED_CONFIGS)}.") from None
+
+
+def write_config_folder(path: str | Path, name: str, tokenizer: str | Path | None = None, **overrides) -> Path:
+    """Write ``NAMED_CONFIGS[name]`` (with ``overrides``) as ``path/config.json``; copy a tokenizer's files in."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**get_config(name), **overrides}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        source = Path(tokenizer)
+        copied = [f for f in _TOKENIZER_FILES if (source / f).is_file()]
+        if not copied:
+            raise FileNotFoundError(f"{source} holds no tokenizer files ({', '.join(_TOKENIZER_FILES)}).")
+        for f in copied:
+            shutil.copyfile(source / f, folder / f)
+    return folder
+
+
+def is_named(model: str) -> bool:
+    return model in NAMED_CONFIGS
+
+
+def materialize(model: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
+    """``model`` as a path: a named shape is written into a temporary folder (kept alive by the returned handle)."""
+    if not is_named(model):
+        return model, None
+    tmp = tempfile.TemporaryDirectory(prefix=f"brisk-bench-{model}-")
+    write_config_folder(Path(tmp.name) / model, model)
+    return str(Path(tmp.name) / model), tmp

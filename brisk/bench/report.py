@@ -1,0 +1,151 @@
+"""What every benchmark result carries (command, date, device, versions, commit), the JSON file, and the table."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+
+def brisk_commit() -> dict:
+    """The checkout's commit and whether tracked files differ from it; ``$BRISK_COMMIT`` when there is no .git."""
+    root = Path(__file__).resolve().parents[2]
+    info: dict = {"commit": os.environ.get("BRISK_COMMIT") or None, "dirty": None}
+    if info["commit"] or not (root / ".git").exists():
+        return info
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return info
+    if head.returncode == 0:
+        info["commit"] = head.stdout.strip()
+        info["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return info
+
+
+def device_name(device: str | None = None) -> str:
+    """The accelerator's name (``torch.cuda.get_device_name``) or "cpu"."""
+    import torch
+
+    if device is not None and not str(device).startswith("cuda") and device != "auto":
+        return "cpu"
+    if not torch.cuda.is_available():
+        return "cpu"
+    index = torch.device(device).index if device and str(device).startswith("cuda:") else 0
+    return torch.cuda.get_device_name(index or 0)
+
+
+def environment(device: str | None = None, probe_device: bool = True) -> dict:
+    import numpy
+    import torch
+    import transformers
+
+    import brisk
+
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "numpy": numpy.__version__,
+        "brisk": getattr(brisk, "__version__", None),
+        **{f"brisk_{k}": v for k, v in brisk_commit().items()},
+        "cpu_count": os.cpu_count(),
+    }
+    if probe_device:
+        env["device_name"] = device_name(device)
+    return env
+
+
+def command_line() -> str:
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("brisk", "main.py", "__main__.py"):
+        argv[0] = "brisk"
+    return shlex.join(argv)
+
+
+def args_dict(args) -> dict:
+    return {k: v for k, v in sorted(vars(args).items()) if k != "func" and not k.startswith("_")}
+
+
+def make_report(bench: str, args, config: dict, results: dict, env: dict | None = None, **extra) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "bench": bench,
+        "command": command_line(),
+        "args": args_dict(args),
+        **(env if env is not None else environment(config.get("device"))),
+        "config": config,
+        "results": results,
+        **extra,
+    }
+
+
+def write_json(report: dict, path: str | None) -> None:
+    if not path:
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}" if abs(value) >= 100 else f"{value:.{digits + 1}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[fmt(c) if not isinstance(c, str) else c for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def load_peer(path: str | None) -> dict | None:
+    """A vLLM anchor JSON (shared/peers/anchor.py's vllm_anchor.json), or None."""
+    if not path:
+        return None
+    data = json.loads(Path(path).read_text())
+    return data if isinstance(data, dict) else None
+
+
+PEER_MODEL = "llama-3.1-8b-shape"  # what the vLLM anchor measured (bf16, random weights)
+
+
+def peer_caveat(model: str) -> str | None:
+    if model == PEER_MODEL:
+        return None
+    return f"the peer figure is for {PEER_MODEL} (bf16); this run used {model}, so the ratio compares different models"
+
+
+def ratio(a, b) -> float | None:
+    if a is None or b is None or not b:
+        return None
+    return round(a / b, 3)

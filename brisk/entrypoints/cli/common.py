@@ -1,0 +1,343 @@
+"""What ``brisk generate`` and ``brisk chat`` share: model, sampling and engine flags, a quiet engine start, and
+the streaming loop (``LLMEngine.add_request`` + ``step()``, printing each new piece of ``outputs[0].text``)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from brisk.entrypoints.cli.serve import parse_bytes
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.9
+
+# SamplingParams field -> the flag that sets it, so a bad value is reported in the user's terms.
+SAMPLING_FLAGS = {
+    "max_tokens": "--max-tokens",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "repetition_penalty": "--repetition-penalty",
+    "stop": "--stop",
+    "seed": "--seed",
+}
+
+
+# ---- arguments ------------------------------------------------------------------------------------------------
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` report a bad or unknown flag as one line on stderr (exit 2) instead of usage + error.
+
+    Unknown flags are caught here too: left alone, the sub-parser hands them up to the top-level parser, which
+    prints its own usage block."""
+    prog = parser.prog
+
+    def error(message: str):
+        parser.exit(2, f"{prog}: error: {message} (see '{prog} --help')\n")
+
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        namespace, extras = original(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    return parser
+
+
+def add_model_and_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        "-m",
+        default=DEFAULT_MODEL,
+        help=f"An HF folder, a .gguf file, a known name or an org/name in the HF cache (default: {DEFAULT_MODEL}).",
+    )
+    parser.add_argument(
+        "--system", default=None, help="A system message (default: the chat template's own, if it has one)."
+    )
+    g = parser.add_argument_group("sampling")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"Most tokens to generate per reply (default: {DEFAULT_MAX_TOKENS}).",
+    )
+    g.add_argument(
+        "--temperature",
+        "-t",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"Sampling temperature; 0 = greedy (default: {DEFAULT_TEMPERATURE}).",
+    )
+    g.add_argument(
+        "--top-p", type=float, default=DEFAULT_TOP_P, help=f"Nucleus sampling mass (default: {DEFAULT_TOP_P})."
+    )
+    g.add_argument("--top-k", type=int, default=0, help="Sample from the k most likely tokens only (default: 0, off).")
+    g.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="Penalize tokens already seen (default: 1.0, off)."
+    )
+    g.add_argument(
+        "--stop", action="append", default=None, metavar="TEXT", help="Stop at this text (repeatable; not shown)."
+    )
+    g.add_argument("--seed", type=int, default=None, help="Sampling seed, for reproducible samples (default: random).")
+    g.add_argument("--ignore-eos", action="store_true", help="Keep generating past the end-of-sequence token.")
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto).")
+    g.add_argument(
+        "--dtype", default="auto", help="auto, float32, float16 or bfloat16 (default: auto: float32 on CPU)."
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=parse_bytes,
+        default=None,
+        metavar="BYTES",
+        help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
+    )
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
+    g.add_argument("--verbose", "-v", action="store_true", help="Log the engine's start-up to stderr.")
+
+
+def sampling_params_from_args(args: argparse.Namespace):
+    """``SamplingParams`` from the flags; a bad value raises ValueError naming the flag (before any loading)."""
+    from brisk.sampling_params import SamplingParams
+
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            repetition_penalty=args.repetition_penalty,
+            stop=args.stop,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        for field, flag in SAMPLING_FLAGS.items():
+            if message.startswith(f"SamplingParams.{field} "):
+                message = flag + message.removeprefix(f"SamplingParams.{field}")
+                break
+        raise ValueError(message) from None
+
+
+# ---- engine -------------------------------------------------------------------------------------------------------
+def quiet_startup(verbose: bool) -> None:
+    """Nothing but the model's text on stdout: no progress bars, transformers warnings only as errors."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if not verbose:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+
+
+def _one_sequence_kv_bytes(engine_args) -> int | None:
+    """On CPU, a KV cache for one sequence of max_model_len tokens (instead of the engine's 2 GiB default):
+    these commands run one request at a time, and a smaller cache starts faster and uses less memory."""
+    from brisk.config import (
+        DEFAULT_CPU_KV_CACHE_BYTES,
+        ModelConfig,
+        preferred_dtype,
+        read_hf_config,
+        resolve_device,
+        resolve_dtype,
+    )
+    from brisk.loader.resolve import resolve_model
+
+    device = resolve_device(engine_args.device)
+    if device.type != "cpu":
+        return None
+    path = resolve_model(engine_args.model, preferred_dtype(engine_args.dtype, device))
+    hf_config = read_hf_config(path)
+    dtype = resolve_dtype(engine_args.dtype, hf_config, device)
+    config = ModelConfig.from_hf_config(path, hf_config, dtype, engine_args.max_model_len)
+    block = engine_args.block_size
+    needed = (-(-config.max_model_len // block) + 1) * block * config.kv_bytes_per_token(dtype)
+    return needed if needed < DEFAULT_CPU_KV_CACHE_BYTES else None
+
+
+def _one_line(message: str) -> str:
+    """resolve_model's errors list the accepted forms over many lines: keep the reason, name the known models."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 2:  # e.g. "... is not installed. Install it with:" + the pip command
+        return " ".join(lines)
+    from brisk.loader.resolve import KNOWN_MODELS
+
+    return (
+        f"{lines[0]} Give an HF checkpoint folder, a .gguf file, an org/name in the local HF cache, or a known "
+        f"name: {', '.join(KNOWN_MODELS)} (see docs/models.md)."
+    )
+
+
+def engine_args_from_args(args: argparse.Namespace):
+    """``EngineArgs`` from the flags, validated (nothing is loaded): bad values raise a one-line ValueError."""
+    from brisk.config import EngineArgs
+
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}.")
+    engine_args = EngineArgs(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+    )
+    engine_args.validate()
+    return engine_args
+
+
+def build_engine(engine_args, threads: int | None = None):
+    """An ``LLMEngine``; a missing model raises a one-line FileNotFoundError."""
+    import torch
+
+    from brisk.engine.engine import LLMEngine
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if engine_args.kv_cache_memory_bytes is None:
+            engine_args.kv_cache_memory_bytes = _one_sequence_kv_bytes(engine_args)
+        return LLMEngine(engine_args)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(_one_line(str(exc))) from None
+
+
+def chat_prompt_ids(engine, messages: list[dict]) -> list[int]:
+    """The conversation through the model's chat template, ending with the assistant's turn, as token ids."""
+    tokenizer = engine.tokenizer
+    if tokenizer is None:
+        raise ValueError("This model has no tokenizer, so its chat template cannot be applied.")
+    if tokenizer.chat_template is None:
+        raise ValueError("This model's tokenizer has no chat template: use --raw to complete the prompt as-is.")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already holds BOS where the model wants it: do not add special tokens again.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+# ---- streaming ----------------------------------------------------------------------------------------------------
+@dataclass
+class StreamResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None
+    total_s: float
+    time_to_first_token_s: float | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the first (the decode rate, prefill excluded)."""
+        if self.time_to_first_token_s is None or self.num_tokens < 2:
+            return None
+        decode_s = self.total_s - self.time_to_first_token_s
+        return (self.num_tokens - 1) / decode_s if decode_s > 0 else None
+
+    def stats_line(self) -> str:
+        ttft = "n/a" if self.time_to_first_token_s is None else f"{self.time_to_first_token_s:.2f} s"
+        return (
+            f"{self.num_tokens} tokens in {self.total_s:.2f} s ({self.tokens_per_s:.1f} tok/s), "
+            f"time to first token {ttft}"
+        )
+
+
+_request_ids = itertools.count()
+
+
+def stream(engine, prompt, params, on_delta: Callable[[str], None] | None = None) -> StreamResult:
+    """Run one request to the end, calling ``on_delta`` with each new piece of text as soon as a step makes it.
+
+    ``prompt`` is a string (tokenized with the tokenizer's special tokens) or a list of token ids. On
+    KeyboardInterrupt the request is aborted before the exception propagates."""
+    request_id = f"cli-{next(_request_ids)}"
+    start = time.perf_counter()
+    first_token_s = None
+    shown = ""
+    last = None
+    engine.add_request(request_id, prompt, params)
+    try:
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.request_id != request_id:
+                    continue
+                last = output
+                completion = output.outputs[0]
+                if first_token_s is None and completion.token_ids:
+                    first_token_s = time.perf_counter() - start
+                text = completion.text
+                if on_delta is not None and len(text) > len(shown):
+                    # The engine never takes text back (stop strings are held back), so this is a plain suffix.
+                    on_delta(text[len(shown) :] if text.startswith(shown) else text[_common_prefix(text, shown) :])
+                    shown = text
+                if output.finished:
+                    break
+            if last is not None and last.finished:
+                break
+    except BaseException:
+        engine.abort_request(request_id)
+        raise
+    total = time.perf_counter() - start
+    if last is None:
+        raise RuntimeError("the engine finished without producing any output")
+    completion = last.outputs[0]
+    return StreamResult(
+        text=completion.text,
+        token_ids=list(completion.token_ids),
+        prompt_token_ids=list(last.prompt_token_ids),
+        finish_reason=completion.finish_reason,
+        stop_reason=completion.stop_reason,
+        total_s=total,
+        time_to_first_token_s=first_token_s,
+    )
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def silence_broken_stdout() -> None:
+    """After a BrokenPipeError (``brisk generate ... | head``): point stdout at /dev/null so the interpreter's
+    final flush does not print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())

@@ -1,0 +1,221 @@
+"""``brisk serve [MODEL]``: the OpenAI-compatible server. Engine flags use vLLM's names."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+from brisk.entrypoints.openai.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``123``, ``512M``, ``4GiB``, ``1.5g``: binary multiples (K = 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a byte count like 4294967296, 512M or 4GiB, got {text!r}")
+    number, unit, _ = match.groups()
+    scale = 1024 ** "_kmgt".index(unit.lower() or "_")
+    return int(float(number) * scale)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--tokenizer", default=None, help="Tokenizer folder or name (default: the model's).")
+    g.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16 (default: auto).")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto).")
+    g.add_argument(
+        "--max-model-len", type=_positive_int, default=None, help="Context length (prompt + output)."
+    )
+    g.add_argument("--block-size", type=int, default=16, help="Tokens per KV-cache block (default: 16).")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Reuse KV-cache blocks of shared prompt prefixes (default: on).",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens", type=_positive_int, default=None, help="Token budget per step."
+    )
+    g.add_argument(
+        "--max-num-seqs", type=_positive_int, default=256, help="Sequences per step (default: 256)."
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="Fraction of GPU memory to use (default: 0.9).",
+    )
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=parse_bytes,
+        default=None,
+        help="KV-cache size, e.g. 2GiB (overrides --gpu-memory-utilization).",
+    )
+    g.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
+    g.add_argument("--load-format", default="auto", help="auto, safetensors or dummy (random weights).")
+    g.add_argument("--enforce-eager", action="store_true", help="Never capture CUDA graphs.")
+    g.add_argument(
+        "--attention-backend", default=None, help="torch, triton or flashinfer (default: per device)."
+    )
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="Address to bind (default: 127.0.0.1, loopback only).")
+    g.add_argument("--port", type=int, default=8000, help="Port (default: 8000; 0 picks a free one).")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="Require 'Authorization: Bearer KEY' on every route but /health (default: $BRISK_API_KEY).",
+    )
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Name(s) clients use in 'model' (default: MODEL as given). The first is reported in responses.",
+    )
+    g.add_argument("--chat-template", default=None, help="A Jinja chat template, or a file holding one.")
+    g.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="Requests allowed to wait for the engine before new ones get 503 (default: 1024; 0: no limit).",
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds in-flight requests get to finish after SIGTERM (default: 30).",
+    )
+    g.add_argument(
+        "--max-request-body-bytes",
+        type=parse_bytes,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Larger request bodies get 413 (default: 4MiB).",
+    )
+    g.add_argument("--max-n", type=_positive_int, default=16, help="Largest 'n' accepted (default: 16).")
+    g.add_argument(
+        "--max-tokens-limit",
+        type=_positive_int,
+        default=None,
+        help="Largest max_tokens accepted, and the default cap (default: only max_model_len bounds it).",
+    )
+    g.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (default: info).",
+    )
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every HTTP request.")
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="Serve a model with an OpenAI-compatible HTTP API.",
+        description="Serve a model with an OpenAI-compatible HTTP API (completions, chat, streaming).",
+    )
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help=f"Model: an HF folder, a .gguf file or an embedded name (default: {DEFAULT_MODEL}).",
+    )
+    parser.add_argument("--model", dest="model_flag", default=None, help="Same as MODEL (vLLM's spelling).")
+    add_server_arguments(parser)
+    add_engine_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def read_chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if "{" not in value:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"--chat-template: no such file {value!r} (and not a Jinja template).")
+        return path.read_text()
+    return value
+
+
+_ENGINE_FLAGS = (
+    "tokenizer",
+    "dtype",
+    "device",
+    "max_model_len",
+    "block_size",
+    "enable_prefix_caching",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "seed",
+    "load_format",
+    "enforce_eager",
+    "attention_backend",
+)
+
+
+def build_configs(args: argparse.Namespace):
+    import dataclasses
+
+    from brisk.config import EngineArgs
+    from brisk.entrypoints.openai.config import ServerConfig
+
+    if args.model and args.model_flag and args.model != args.model_flag:
+        raise ValueError(f"MODEL ({args.model!r}) and --model ({args.model_flag!r}) disagree; give one.")
+    model = args.model or args.model_flag or DEFAULT_MODEL
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    engine_kwargs = {name: getattr(args, name) for name in _ENGINE_FLAGS if name in known}
+    engine_args = EngineArgs(model=model, **engine_kwargs)
+    engine_args.validate()
+
+    api_key = args.api_key if args.api_key is not None else os.environ.get("BRISK_API_KEY") or None
+    if args.max_waiting_requests < 0:
+        raise ValueError("--max-waiting-requests must be >= 0 (0 means no limit).")
+    if args.shutdown_timeout < 0:
+        raise ValueError("--shutdown-timeout must be >= 0.")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
+    server_config = ServerConfig(
+        served_model_names=list(args.served_model_name or [model]),
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        chat_template=read_chat_template(args.chat_template),
+        max_n=args.max_n,
+        max_tokens_limit=args.max_tokens_limit,
+        max_request_body_bytes=args.max_request_body_bytes,
+        max_waiting_requests=args.max_waiting_requests or None,
+        shutdown_timeout=args.shutdown_timeout,
+    )
+    return engine_args, server_config
+
+
+def run(args: argparse.Namespace) -> int:
+    from brisk.entrypoints.openai.server import run_server
+
+    engine_args, server_config = build_configs(args)
+    return run_server(
+        engine_args,
+        server_config,
+        uvicorn_log_level=args.uvicorn_log_level,
+        access_log=not args.disable_uvicorn_access_log,
+    )

@@ -1,0 +1,223 @@
+"""``POST /v1/completions``: one engine request per prompt, choices numbered ``prompt_index * n + i``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.responses import JSONResponse, Response
+
+from brisk.entrypoints.openai.logprobs import completion_logprobs
+from brisk.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+)
+from brisk.entrypoints.openai.serving_engine import (
+    SSE_DONE,
+    OpenAIServing,
+    SSEResponse,
+    error_event,
+    merge_streams,
+    random_id,
+    sse,
+)
+from brisk.outputs import RequestOutput
+from brisk.sampling_params import SamplingParams
+
+
+@dataclass
+class _Prompt:
+    text: str | None  # None until needed (token-id prompts are decoded only for echo)
+    token_ids: list[int]
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def _prompts(self, req: CompletionRequest) -> list[_Prompt]:
+        raw = req.prompt
+        if isinstance(raw, str):
+            items: list[str | list[int]] = [raw]
+        elif all(isinstance(t, int) for t in raw):
+            items = [raw]
+        else:
+            items = list(raw)
+        prompts = []
+        for i, item in enumerate(items):
+            param = "prompt" if len(items) == 1 else f"prompt[{i}]"
+            if isinstance(item, str):
+                ids = await self.encode(item, add_special_tokens=True)
+                prompt = _Prompt(item, ids)
+            else:
+                self.check_token_ids(item, param)
+                prompt = _Prompt(None, list(item))
+            self.check_prompt_length(len(prompt.token_ids), param)
+            prompts.append(prompt)
+        return prompts
+
+    def _params(self, req: CompletionRequest, num_prompt_tokens: int) -> SamplingParams:
+        max_tokens = self.resolve_max_tokens(req.max_tokens, num_prompt_tokens, "max_tokens")
+        return self.sampling_params(
+            dict(
+                n=req.n,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                seed=req.seed,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+                skip_special_tokens=req.skip_special_tokens,
+            )
+        )
+
+    async def create(self, req: CompletionRequest) -> Response:
+        model = self.check_model(req.model)
+        self.check_n(req.n, req.best_of)
+        self.check_stream_options(req.stream, req.stream_options)
+        prompts = await self._prompts(req)
+        params = [self._params(req, len(p.token_ids)) for p in prompts]
+        if req.echo:
+            for p in prompts:
+                if p.text is None:
+                    p.text = await self.decode(p.token_ids)
+        request_id = random_id("cmpl")
+        created = int(time.time())
+        streams = []
+        try:
+            for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
+                streams.append(await self.submit(f"{request_id}-{i}", prompt.token_ids, sp))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+
+        if req.stream:
+            return SSEResponse(self._stream(req, model, request_id, created, prompts, streams), streams)
+        try:
+            outputs = await asyncio.gather(*(self.final_output(s) for s in streams))
+        finally:
+            for stream in streams:
+                stream.abort()
+        return JSONResponse(self._response(req, model, request_id, created, prompts, outputs).model_dump())
+
+    def _echo_logprobs(self, prompt: _Prompt, output: RequestOutput, k: int) -> CompletionLogprobs:
+        positions = output.prompt_logprobs or [None] * len(prompt.token_ids)
+        return completion_logprobs(self.tokenizer, prompt.token_ids, positions, k, 0)
+
+    def _response(
+        self,
+        req: CompletionRequest,
+        model: str,
+        request_id: str,
+        created: int,
+        prompts: list[_Prompt],
+        outputs: list[RequestOutput],
+    ) -> CompletionResponse:
+        choices = []
+        for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            prefix = prompt.text if req.echo else ""
+            for c in output.outputs:
+                logprobs = None
+                if req.logprobs is not None:
+                    logprobs = self._echo_logprobs(prompt, output, req.logprobs) if req.echo else None
+                    logprobs = completion_logprobs(
+                        self.tokenizer,
+                        c.token_ids,
+                        c.logprobs or [],
+                        req.logprobs,
+                        len(prefix or ""),
+                        logprobs,
+                    )
+                choices.append(
+                    CompletionChoice(
+                        index=i * req.n + c.index,
+                        text=(prefix or "") + c.text,
+                        logprobs=logprobs,
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                )
+        return CompletionResponse(
+            id=request_id, created=created, model=model, choices=choices, usage=self.usage(outputs)
+        )
+
+    async def _stream(
+        self,
+        req: CompletionRequest,
+        model: str,
+        request_id: str,
+        created: int,
+        prompts: list[_Prompt],
+        streams: list,
+    ) -> AsyncIterator[str]:
+        n = req.n
+        num_choices = len(prompts) * n
+        sent_chars = [0] * num_choices
+        sent_tokens = [0] * num_choices
+        offsets = [0] * num_choices
+        done = [False] * num_choices
+        last: dict[int, RequestOutput] = {}
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+        try:
+            async for i, output in merge_streams(streams):
+                last[i] = output
+                for c in output.outputs:
+                    idx = i * n + c.index
+                    if done[idx]:
+                        continue
+                    text = c.text[sent_chars[idx] :]
+                    new_ids = c.token_ids[sent_tokens[idx] :]
+                    logprobs = None
+                    first = sent_tokens[idx] == 0 and sent_chars[idx] == 0
+                    if req.echo and first:
+                        text = (prompts[i].text or "") + text
+                    if req.logprobs is not None:
+                        if req.echo and first:
+                            logprobs = self._echo_logprobs(prompts[i], output, req.logprobs)
+                            offsets[idx] = len(prompts[i].text or "")
+                        positions = (c.logprobs or [])[sent_tokens[idx] : len(c.token_ids)]
+                        logprobs = completion_logprobs(
+                            self.tokenizer, new_ids, positions, req.logprobs, offsets[idx], logprobs
+                        )
+                        offsets[idx] += (
+                            sum(len(t) for t in logprobs.tokens[-len(new_ids) :]) if new_ids else 0
+                        )
+                    sent_chars[idx] = len(c.text)
+                    sent_tokens[idx] = len(c.token_ids)
+                    if not text and not new_ids and c.finish_reason is None:
+                        continue
+                    if c.finish_reason is not None:
+                        done[idx] = True
+                    choice = {
+                        "index": idx,
+                        "text": text,
+                        "logprobs": logprobs.model_dump() if logprobs is not None else None,
+                        "finish_reason": c.finish_reason,
+                        "stop_reason": c.stop_reason,
+                    }
+                    chunk = {**base, "choices": [choice]}
+                    if include_usage:
+                        chunk["usage"] = None
+                    yield sse(chunk)
+            if include_usage:
+                usage = self.usage([last[i] for i in sorted(last)])
+                yield sse({**base, "choices": [], "usage": usage.model_dump()})
+            yield SSE_DONE
+        except Exception as exc:  # headers are sent: report in-band, never drop the connection silently
+            yield error_event(exc)
+            yield SSE_DONE
+        finally:
+            for stream in streams:
+                stream.abort()

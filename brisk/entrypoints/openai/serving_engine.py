@@ -1,0 +1,319 @@
+"""What completions, chat and tokenize handlers share: model-name check, tokenization off the event loop,
+length/limit checks, building ``SamplingParams``, submitting to the engine with errors translated, SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.responses import StreamingResponse
+
+from brisk.engine.async_engine import AsyncLLM, EngineDeadError, EngineError, QueueFullError, RequestStream
+from brisk.entrypoints.openai.config import ServerConfig
+from brisk.entrypoints.openai.errors import OpenAIError, bad_request
+from brisk.entrypoints.openai.protocol import ChatMessage, PromptTokensDetails, UsageInfo
+from brisk.outputs import RequestOutput
+from brisk.sampling_params import SamplingParams
+
+logger = logging.getLogger("brisk.server")
+_SAMPLING_FIELD = re.compile(r"^SamplingParams\.(\w+) ")
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, config: ServerConfig, tokenizer_pool: ThreadPoolExecutor):
+        """``tokenizer_pool`` must have one worker, shared by every handler: HF tokenizers are not safe to
+        use from several threads at once; tokenizing off the event loop keeps long prompts from stalling
+        it."""
+        self.engine = engine
+        self.config = config
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self._tokenizer_pool = tokenizer_pool
+
+    # ---- names and inputs -----------------------------------------------------------------------------
+    def check_model(self, name: str | None) -> str:
+        if name is None or name in self.config.served_model_names:
+            return name or self.config.model_name
+        served = ", ".join(repr(n) for n in self.config.served_model_names)
+        raise OpenAIError(
+            f"The model '{name}' does not exist. This server serves {served}.",
+            status_code=400,
+            param="model",
+            code="model_not_found",
+        )
+
+    def _require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise bad_request("This model has no tokenizer: send prompts as token ids.", param="prompt")
+        return self.tokenizer
+
+    async def run_tokenizer(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, lambda: fn(*args, **kwargs))
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        tokenizer = self._require_tokenizer()
+        return await self.run_tokenizer(tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
+        tokenizer = self._require_tokenizer()
+        try:
+            return await self.run_tokenizer(tokenizer.decode, token_ids, skip_special_tokens=skip_special)
+        except Exception as exc:  # ids the tokenizer does not know (padding rows of the embedding, ...)
+            raise bad_request(f"These token ids cannot be decoded: {exc}", param="tokens") from exc
+
+    def check_token_ids(self, token_ids: list[int], param: str = "prompt") -> None:
+        vocab = self.engine.vocab_size
+        if vocab is None:
+            return
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(
+                f"Token id {bad} in '{param}' is outside the vocabulary [0, {vocab}).", param=param
+            )
+
+    async def render_chat(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+    ) -> tuple[str, list[int]]:
+        tokenizer = self._require_tokenizer()
+        template = self.config.chat_template or getattr(tokenizer, "chat_template", None)
+        if not template:
+            raise bad_request(
+                "This model has no chat template: start the server with --chat-template, or use completions.",
+                param="messages",
+            )
+        if continue_final_message and add_generation_prompt:
+            add_generation_prompt = False
+        if continue_final_message and messages[-1].role != "assistant":
+            raise bad_request(
+                "continue_final_message needs the last message to be an assistant message.", param="messages"
+            )
+        conversation = []
+        for m in messages:
+            entry: dict[str, Any] = {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": m.text(),
+            }
+            if m.name is not None:
+                entry["name"] = m.name
+            conversation.append(entry)
+
+        def render() -> tuple[str, list[int]]:
+            text = tokenizer.apply_chat_template(
+                conversation,
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
+            return text, tokenizer.encode(text, add_special_tokens=False)
+
+        try:
+            return await self.run_tokenizer(render)
+        except OpenAIError:
+            raise
+        except Exception as exc:  # jinja errors, raise_exception() in templates ("roles must alternate", ...)
+            raise bad_request(
+                f"The chat template could not render these messages: {exc}", param="messages"
+            ) from exc
+
+    # ---- limits and sampling ------------------------------------------------------------------------------
+    def check_prompt_length(self, num_prompt_tokens: int, param: str = "prompt") -> None:
+        if num_prompt_tokens == 0:
+            raise bad_request("The prompt is empty: give at least one token.", param=param)
+        if num_prompt_tokens >= self.max_model_len:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the prompt has "
+                f"{num_prompt_tokens} tokens (at least one token must be left for the completion). "
+                "Shorten the prompt.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    def resolve_max_tokens(self, requested: int | None, num_prompt_tokens: int, param: str) -> int:
+        room = self.max_model_len - num_prompt_tokens
+        limit = self.config.max_tokens_limit
+        if requested is None:
+            return min(room, limit) if limit is not None else room
+        if requested < 1:
+            raise bad_request(f"'{param}' must be at least 1, got {requested}.", param=param)
+        if limit is not None and requested > limit:
+            raise bad_request(
+                f"'{param}' is {requested}, above this server's limit of {limit} (--max-tokens-limit).",
+                param=param,
+            )
+        if requested > room:
+            raise OpenAIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the prompt, {requested} for "
+                f"the completion). Reduce the prompt or '{param}'.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return requested
+
+    @staticmethod
+    def check_stream_options(stream: bool, stream_options: Any) -> None:
+        if stream_options is not None and not stream:
+            raise bad_request("'stream_options' needs 'stream': true.", param="stream_options")
+
+    def check_n(self, n: int, best_of: int | None = None) -> None:
+        if n > self.config.max_n:
+            raise bad_request(
+                f"'n' is {n}, above this server's limit of {self.config.max_n} (--max-n).", param="n"
+            )
+        if best_of is not None and best_of != n:
+            raise bad_request(
+                f"'best_of' ({best_of}) different from 'n' ({n}) is not supported: brisk does not rerank "
+                "completions server-side.",
+                param="best_of",
+            )
+
+    @staticmethod
+    def sampling_params(fields: dict[str, Any], param_names: dict[str, str] | None = None) -> SamplingParams:
+        """``SamplingParams(**fields)`` (``None`` values mean the default), its ValueError as a 400 naming the
+        request's own field (``param_names`` maps SamplingParams names to request names)."""
+        kwargs = {k: v for k, v in fields.items() if v is not None}
+        try:
+            return SamplingParams(**kwargs)
+        except ValueError as exc:
+            message = str(exc)
+            match = _SAMPLING_FIELD.match(message)
+            param = None
+            if match:
+                name = match.group(1)
+                param = (param_names or {}).get(name, name)
+                message = f"'{param}' " + message[match.end() :]
+            raise bad_request(message, param=param, code="invalid_value") from exc
+
+    # ---- the engine ---------------------------------------------------------------------------------------
+    async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        try:
+            return await self.engine.add_request(request_id, prompt_ids, params, arrival_time=time.time())
+        except ValueError as exc:
+            raise bad_request(str(exc), param="prompt") from exc
+        except QueueFullError as exc:
+            raise OpenAIError(str(exc), status_code=503, code="server_overloaded") from exc
+        except EngineDeadError as exc:
+            raise OpenAIError(str(exc), status_code=503, code="engine_unavailable") from exc
+        except EngineError as exc:
+            raise OpenAIError(str(exc), status_code=500, code="engine_error") from exc
+
+    @staticmethod
+    async def final_output(stream: RequestStream) -> RequestOutput:
+        last = None
+        try:
+            async for output in stream:
+                last = output
+        except EngineError as exc:
+            raise engine_error(exc) from exc
+        finally:
+            stream.abort()  # no-op once finished; frees the request if we were cancelled
+        assert last is not None
+        return last
+
+    @staticmethod
+    def usage(outputs: list[RequestOutput]) -> UsageInfo:
+        prompt = sum(len(o.prompt_token_ids) for o in outputs)
+        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        cached = sum(o.num_cached_tokens for o in outputs)
+        return UsageInfo(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        )
+
+
+class SSEResponse(StreamingResponse):
+    """Server-sent events over engine streams; the streams are aborted however the response ends (even when
+    the client leaves before the first event, when the body generator never starts)."""
+
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]):
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._streams = streams
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            for stream in self._streams:
+                stream.abort()
+
+
+def engine_error(exc: BaseException) -> OpenAIError:
+    status = 503 if isinstance(exc, EngineDeadError) else 500
+    return OpenAIError(str(exc), status_code=status, code="engine_error")
+
+
+def error_event(exc: BaseException) -> str:
+    """An error in the middle of a stream (headers already sent): an OpenAI-style error as an SSE event."""
+    if isinstance(exc, OpenAIError):
+        err = exc
+    elif isinstance(exc, EngineError):
+        err = engine_error(exc)
+    else:
+        logger.error("Unexpected error in a stream", exc_info=exc)
+        err = OpenAIError(f"Internal server error ({type(exc).__name__}): {exc}", status_code=500)
+    return sse(err.to_dict())
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several requests' outputs as they come: yields ``(stream index, output)``."""
+    if len(streams) == 1:
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                await queue.put((i, output))
+        except BaseException as exc:  # handed to the consumer
+            await queue.put((i, exc))
+        else:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.abort()

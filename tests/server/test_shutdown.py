@@ -1,0 +1,78 @@
+"""SIGTERM: the server stops accepting, lets the stream in flight finish (or, past --shutdown-timeout, ends it
+with an error event and [DONE]), then exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL_NAME, ServerProcess
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir):
+    # Both start at once: startup is mostly imports and loading, so they overlap well.
+    patient = ServerProcess(tiny_model_dir, "--shutdown-timeout", "60", api_key=None, wait=False)
+    hasty = ServerProcess(tiny_model_dir, "--shutdown-timeout", "1", api_key=None, wait=False)
+    try:
+        patient.wait_ready()
+        hasty.wait_ready()
+        yield patient, hasty
+    finally:
+        patient.stop(signal.SIGKILL)
+        hasty.stop(signal.SIGKILL)
+
+
+def _stream_through_sigterm(server: ServerProcess, body: dict) -> tuple[list[dict], bool]:
+    events, done = [], False
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as http,
+        http.stream("POST", "/v1/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+                break
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        # No new connections once shutdown has begun.
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{server.url}/health", timeout=2)
+        for line in lines:
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    return events, done
+
+
+def test_sigterm_lets_the_stream_finish(servers):
+    patient, _ = servers
+    body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
+    events, done = _stream_through_sigterm(patient, {**body, "temperature": 0, "stream": True})
+    assert done
+    assert "error" not in events[-1]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert patient.proc.wait(timeout=30) == 0
+    assert "Traceback" not in patient.logs()
+
+
+def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
+    _, hasty = servers
+    # Far more work than one second: 16 completions of 400 tokens.
+    body = {"model": MODEL_NAME, "prompt": "Once", "max_tokens": 400, "n": 16, "ignore_eos": True}
+    started = time.monotonic()
+    events, done = _stream_through_sigterm(hasty, {**body, "stream": True})
+    assert done
+    assert events[-1]["error"]["message"] == "The engine was shut down before this request finished."
+    assert hasty.proc.wait(timeout=30) == 0
+    assert time.monotonic() - started < 25
+    logs = hasty.logs()
+    assert "Shutdown timeout: ending the 1 requests still in flight" in logs
+    assert "Traceback" not in logs
