@@ -47,7 +47,7 @@ def build_tokenizer(vocab_size: int = 384):
 
 
 def _config(arch: str, vocab_size: int, eos_id: int):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -74,6 +74,8 @@ def _config(arch: str, vocab_size: int, eos_id: int):
                 "original_max_position_embeddings": 128,
             },
         )
+    if arch == "mistral":  # a short sliding window, to check that brisk refuses what it would get wrong
+        return MistralConfig(**common, sliding_window=48, tie_word_embeddings=False)
     if arch == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=True)
     if arch == "qwen3":
@@ -82,7 +84,7 @@ def _config(arch: str, vocab_size: int, eos_id: int):
 
 
 def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Write a tiny ``arch`` model (llama, qwen2, qwen3) with a tokenizer into ``folder`` and return it."""
+    """Write a tiny ``arch`` model (llama, mistral, qwen2, qwen3) with a tokenizer into ``folder`` and return it."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer()

@@ -118,6 +118,12 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config, dtype: torch.dtype, max_position: int, attention_backend: str):
         super().__init__()
+        window = getattr(config, "sliding_window", None)
+        if window and getattr(config, "use_sliding_window", True) and window < max_position:
+            raise ValueError(
+                f"This model uses sliding-window attention (window {window}), which brisk does not support yet; "
+                f"pass max_model_len <= {window} to serve it with full attention, which is then identical."
+            )
         self.config = config
         qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
         self.model = LlamaModel(config, dtype, max_position, attention_backend, qkv_bias, self.qk_norm)

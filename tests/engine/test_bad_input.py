@@ -97,3 +97,16 @@ def test_max_model_len_too_large(tiny_llama):
 def test_still_works_after_errors(llm):
     out = llm.generate("Paris is", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_sliding_window_model_needs_short_max_model_len(tiny_model_factory):
+    from tests.engine.test_hf_parity import hf_greedy
+
+    folder = tiny_model_factory("mistral")
+    with pytest.raises(ValueError, match="sliding-window attention .window 48.*max_model_len <= 48"):
+        LLM(folder, device="cpu")
+    llm = LLM(folder, device="cpu", max_model_len=48)  # within the window, full attention is exact
+    prompts = ["The quick brown fox", "Paris is"]
+    params = SamplingParams(temperature=0, max_tokens=8)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == hf_greedy(folder, prompts, max_tokens=8)

@@ -21,13 +21,13 @@ PROMPTS = [
 MAX_TOKENS = 20
 
 
-def hf_greedy(folder: str, prompts: list[str]) -> list[list[int]]:
+def hf_greedy(folder: str, prompts: list[str], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     results = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt").input_ids
-        out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
+        out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
         results.append(out[0, ids.shape[1] :].tolist())
     return results
 

@@ -73,6 +73,7 @@ def test_transformers_parity_fp32_on_gpu(tiny):
 
 
 def test_8b_shape_logits_close_between_backends(tmp_path):
+    """Logprobs of an 8B-shaped model (4 of its layers) agree between the Triton and torch backends in bf16."""
     from brisk.bench.configs import LLAMA31_8B_CONFIG
 
     config = dict(LLAMA31_8B_CONFIG, num_hidden_layers=4)
@@ -81,8 +82,21 @@ def test_8b_shape_logits_close_between_backends(tmp_path):
     prompts = [[(i * 37 + j * 11) % 10000 for j in range(100 + 50 * i)] for i in range(4)]
 
     def prompt_logprobs(backend: str) -> torch.Tensor:
-        llm = make(str(tmp_path), load_format="dummy", dtype="bfloat16", attention_backend=backend,
-                   enforce_eager=True, max_model_len=2048)
+        llm = make(
+            str(tmp_path),
+            load_format="dummy",
+            dtype="bfloat16",
+            attention_backend=backend,
+            enforce_eager=True,
+            max_model_len=2048,
+        )
+        # Dummy weights are tiny (logits all but equal); give both engines the same informative weights.
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        for name, param in llm.engine.model_runner.model.named_parameters():
+            if "norm" in name:
+                param.data.fill_(1.0)
+            else:
+                param.data.normal_(0.0, 0.02, generator=generator)
         outs = llm.generate(prompts, params, use_tqdm=False)
         values = [next(iter(p.values())).logprob for o in outs for p in o.prompt_logprobs[1:]]
         del llm
@@ -90,6 +104,11 @@ def test_8b_shape_logits_close_between_backends(tmp_path):
         return torch.tensor(values)
 
     ref, fast = prompt_logprobs("torch"), prompt_logprobs("triton")
-    rel = ((fast - ref).abs() / ref.abs().clamp_min(1e-3)).max().item()
-    print(f"8B-shaped (4 layers) prompt logprobs, triton vs torch backend: max relative error {rel:.2e}")
-    assert rel < 2e-2
+    spread = ref.std().item()
+    err = (fast - ref).abs().max().item()
+    print(
+        f"8B-shaped (4 layers) prompt logprobs, triton vs torch: max abs diff {err:.3e}, spread {spread:.3e}, "
+        f"max relative {((fast - ref).abs() / ref.abs()).max().item():.2e}"
+    )
+    assert spread > 0.05  # the weights make the logprobs informative
+    assert err < 0.1 * spread

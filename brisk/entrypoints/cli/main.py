@@ -13,13 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="brisk", description="Fast LLM inference and serving.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"brisk.entrypoints.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"brisk.entrypoints.cli.{name}":
-                raise
-            continue  # sub-command not built yet
-        module.register(subparsers)
+        importlib.import_module(f"brisk.entrypoints.cli.{name}").register(subparsers)
     return parser
 
 
