@@ -18,6 +18,8 @@ class TorchAttentionImpl(AttentionImpl):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if metadata.is_decode_only and metadata.num_seqs > 1:
+            return self._decode_batched(query, kv_cache, metadata)
         block_size = kv_cache.shape[2]
         output = torch.empty_like(query)
         starts = metadata.query_start_loc_cpu
@@ -45,3 +47,22 @@ class TorchAttentionImpl(AttentionImpl):
             )
             output[q_start:q_end] = out.transpose(0, 1).to(output.dtype)
         return output
+
+    def _decode_batched(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """All sequences of a decode step in one SDPA call over their pages, padded to the longest context."""
+        block_size = kv_cache.shape[2]
+        num_blocks = -(-metadata.max_seq_len // block_size)
+        tables = metadata.block_tables[: metadata.num_seqs, :num_blocks].long()
+        k = kv_cache[0, tables].flatten(1, 2).transpose(1, 2)  # [seqs, kv_heads, padded_len, head]
+        v = kv_cache[1, tables].flatten(1, 2).transpose(1, 2)
+        positions = torch.arange(k.shape[2], device=query.device)
+        mask = (positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None])[:, None, None, :]
+        out = F.scaled_dot_product_attention(
+            query[:, :, None, :].to(k.dtype),  # [seqs, heads, 1, head]
+            k,
+            v,
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out[:, :, 0, :].to(query.dtype)
