@@ -56,7 +56,10 @@ class TorchAttentionImpl(AttentionImpl):
         k = kv_cache[0, tables].flatten(1, 2).transpose(1, 2)  # [seqs, kv_heads, padded_len, head]
         v = kv_cache[1, tables].flatten(1, 2).transpose(1, 2)
         positions = torch.arange(k.shape[2], device=query.device)
-        mask = (positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None])[:, None, None, :]
+        mask = (positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None])[:, None, :, None]
+        # Padding slots may hold anything (stale or never-written values): zero them, masking alone keeps NaN.
+        k, v = k.masked_fill(~mask, 0), v.masked_fill(~mask, 0)
+        mask = mask.transpose(2, 3)  # [seqs, 1, 1, padded_len]
         out = F.scaled_dot_product_attention(
             query[:, :, None, :].to(k.dtype),  # [seqs, heads, 1, head]
             k,
