@@ -4,55 +4,17 @@ of its own when several are compared (so one engine's GPU memory never squeezes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from brisk.bench import configs
-
-# Flags passed to EngineArgs only when given, so the engine's own defaults apply otherwise.
-ENGINE_FLAGS = (
-    "tokenizer",
-    "dtype",
-    "device",
-    "max_model_len",
-    "block_size",
-    "enable_prefix_caching",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "seed",
-    "load_format",
-    "enforce_eager",
-    "attention_backend",
-)
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``123``, ``512M``, ``4GiB``: binary multiples."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a byte count like 4294967296, 512M or 4GiB, got {text!r}")
-    number, unit, _ = match.groups()
-    return int(float(number) * 1024 ** "_kmgt".index(unit.lower() or "_"))
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+from brisk.bench import configs, report
+from brisk.entrypoints.cli import engine_args as shared_engine_args
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,41 +28,46 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine (passed to brisk.LLM only when given)")
-    g.add_argument("--load-format", default=None, help="auto, safetensors or dummy (random weights).")
-    g.add_argument("--tokenizer", default=None, help="Tokenizer folder (the workloads send token ids).")
-    g.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16.")
-    g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N.")
-    g.add_argument("--max-model-len", type=positive_int, default=None)
-    g.add_argument("--block-size", type=int, default=None)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None)
-    g.add_argument("--max-num-seqs", type=positive_int, default=None)
-    g.add_argument("--gpu-memory-utilization", type=float, default=None)
-    g.add_argument("--kv-cache-memory-bytes", type=parse_bytes, default=None, help="e.g. 4GiB.")
-    g.add_argument("--seed", type=int, default=None, help="Engine seed (default: the engine's, 0).")
-    g.add_argument("--enforce-eager", action="store_true", default=None, help="Never capture CUDA graphs.")
-    g.add_argument("--attention-backend", default=None, help="torch or triton (default: per device).")
+    shared_engine_args.add_engine_arguments(parser, title="engine (passed to brisk.LLM only when given)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The EngineArgs fields given on the command line, plus the named shapes' defaults."""
-    from brisk.config import EngineArgs
-
-    known = set(EngineArgs.__dataclass_fields__)
-    kwargs = {}
-    for name in ENGINE_FLAGS:
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if name not in known:
-            raise ValueError(f"--{name.replace('_', '-')} is not an engine argument of this brisk version.")
-        kwargs[name] = value
+    kwargs = shared_engine_args.engine_kwargs(args)
     if configs.is_named(args.model):
         if kwargs.setdefault("load_format", "dummy") != "dummy":
             raise ValueError(f"{args.model} is a config-only shape: it has no weights, use --load-format dummy.")
         kwargs.setdefault("max_model_len", configs.NAMED_DEFAULT_MAX_MODEL_LEN)
     return kwargs
+
+
+@contextlib.contextmanager
+def open_backend(args: argparse.Namespace, backend_name: str, hf_batch_size: int) -> Iterator:
+    """The backend on ``args.model`` with the command line's engine flags; closed when the block ends normally
+    (a named shape's temporary folder is removed however it ends)."""
+    from brisk.bench.backends import make_backend
+
+    with configs.materialize(args.model) as model:
+        backend = make_backend(backend_name, model, engine_kwargs(args), hf_batch_size)
+        yield backend
+        backend.close()
+
+
+def backend_fields(backend, warmup_s: float) -> dict:
+    """What closes every backend's result: the warm-up time, the engine as described, the device's name."""
+    engine = backend.describe()
+    return {"warmup_s": round(warmup_s, 3), "engine": engine, "device_name": report.device_name(engine.get("device"))}
+
+
+def finish(bench: str, args: argparse.Namespace, config: dict, results: dict, print_table: Callable, **extra) -> int:
+    """The report (device: the first backend's), printed with ``print_table`` and written to --output-json; the exit
+    status, 1 when a backend failed."""
+    env = report.environment(probe_device=False)
+    env["device_name"] = next(iter(results.values())).get("device_name")
+    data = report.make_report(bench, args, config, results, env, **extra)
+    print_table(data)
+    report.write_json(data, args.output_json)
+    return 0 if all("error" not in r for r in results.values()) else 1
 
 
 def backends_of(args: argparse.Namespace) -> list[str]:

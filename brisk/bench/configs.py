@@ -6,10 +6,12 @@ no weights and no tokenizer are needed, since the offline workloads send token i
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 # The peers recipe (shared/peers/anchor.py): Llama-3.1-8B's config.json, bf16.
@@ -141,10 +143,12 @@ def is_named(model: str) -> bool:
     return model in NAMED_CONFIGS
 
 
-def materialize(model: str) -> tuple[str, tempfile.TemporaryDirectory | None]:
-    """``model`` as a path: a named shape is written into a temporary folder (kept alive by the returned handle)."""
+@contextlib.contextmanager
+def materialize(model: str) -> Iterator[str]:
+    """``model`` as a path: a named shape is written into a temporary folder, removed when the block ends."""
     if not is_named(model):
-        return model, None
-    tmp = tempfile.TemporaryDirectory(prefix=f"brisk-bench-{model}-")
-    write_config_folder(Path(tmp.name) / model, model)
-    return str(Path(tmp.name) / model), tmp
+        yield model
+        return
+    with tempfile.TemporaryDirectory(prefix=f"brisk-bench-{model}-") as tmp:
+        write_config_folder(Path(tmp) / model, model)
+        yield str(Path(tmp) / model)

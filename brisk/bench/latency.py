@@ -10,9 +10,8 @@ import argparse
 import gc
 import statistics
 
-from brisk.bench import configs, datasets, report
-from brisk.bench.backends import make_backend
-from brisk.bench.common import backends_of, engine_kwargs, run_backends
+from brisk.bench import datasets, report
+from brisk.bench.common import backend_fields, backends_of, engine_kwargs, finish, open_backend, run_backends
 
 
 def _median(values: list[float]) -> float:
@@ -21,9 +20,7 @@ def _median(values: list[float]) -> float:
 
 def run_one(args: argparse.Namespace, backend_name: str) -> dict:
     runs, runs_1tok = datasets.latency_prompts(args.num_iters, args.batch_size, args.input_len)
-    model, tmp = configs.materialize(args.model)
-    try:
-        backend = make_backend(backend_name, model, engine_kwargs(args), args.batch_size)
+    with open_backend(args, backend_name, args.batch_size) as backend:
         if backend.vocab_size < datasets.VOCAB_DRAW:
             raise ValueError(
                 f"The prompts draw ids from [0, {datasets.VOCAB_DRAW}); the vocabulary has {backend.vocab_size}."
@@ -60,19 +57,13 @@ def run_one(args: argparse.Namespace, backend_name: str) -> dict:
             "ttft_ms_median": round(1000 * med1, 3),
             "ms_per_token_incl_prefill": round(1000 * med / out, 3),
             "ms_per_output_token_est": round(1000 * (med - med1) / (out - 1), 3) if out > 1 else None,
-            "warmup_s": round(warmup_s, 3),
-            "engine": backend.describe(),
-            "device_name": report.device_name(backend.describe().get("device")),
+            **backend_fields(backend, warmup_s),
         }
         if engine_ttft:  # brisk's own timestamps (RequestOutput.metrics): TTFT and pure decode speed
             result["engine_ttft_ms_median"] = round(1000 * _median(engine_ttft), 3)
         if engine_decode and out > 1:
             result["engine_decode_tok_s_median"] = round((out - 1) / _median(engine_decode), 2)
-        backend.close()
         return result
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,9 +79,6 @@ def run(args: argparse.Namespace) -> int:
         ratios["brisk_over_hf_decode_tok_s"] = report.ratio(brisk_tok_s, results["hf"].get("decode_tok_s_median"))
     if peer_w3.get("decode_tok_s_median"):
         ratios["brisk_over_peer_decode_tok_s"] = report.ratio(brisk_tok_s, peer_w3["decode_tok_s_median"])
-    first = next(iter(results.values()))
-    env = report.environment(probe_device=False)
-    env["device_name"] = first.get("device_name")
     config = {"model": args.model, "backends": backends_of(args), "engine_args": engine_kwargs(args)}
     workload = {
         "name": "W3" if is_w3 else "latency-custom",
@@ -102,20 +90,13 @@ def run(args: argparse.Namespace) -> int:
         "greedy": True,
         "ignore_eos": True,
     }
-    peer_info = None
-    if peer is not None:
-        peer_info = {
-            "caveat": report.peer_caveat(args.model),
-            "path": args.peer_json,
-            "engine": peer.get("engine"),
-            "version": peer.get("vllm"),
-            "decode_tok_s_median": peer_w3.get("decode_tok_s_median"),
-            "ms_per_output_token_est": peer_w3.get("ms_per_output_token_est"),
-        }
-    data = report.make_report("latency", args, config, results, env, workload=workload, ratios=ratios, peer=peer_info)
-    print_table(data)
-    report.write_json(data, args.output_json)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    peer_info = report.peer_info(
+        args,
+        peer,
+        decode_tok_s_median=peer_w3.get("decode_tok_s_median"),
+        ms_per_output_token_est=peer_w3.get("ms_per_output_token_est"),
+    )
+    return finish("latency", args, config, results, print_table, workload=workload, ratios=ratios, peer=peer_info)
 
 
 def print_table(data: dict) -> None:
@@ -124,37 +105,19 @@ def print_table(data: dict) -> None:
         f"\nbrisk bench latency {w['name']}: batch {w['batch_size']}, input {w['input_len']}, output "
         f"{w['output_len']}, greedy, {w['num_iters']} runs; device {data.get('device_name')}"
     )
-    rows = []
-    for name, r in data["results"].items():
-        if "error" in r:
-            rows.append([name, r["error"], "", "", "", ""])
-            continue
-        rows.append(
-            [
-                name,
-                r["decode_tok_s_median"],
-                r["ms_per_output_token_est"],
-                r["ttft_ms_median"],
-                ", ".join(f"{x:.1f}" for x in r["decode_tok_s"]),
-                "yes" if r["exact_lengths"] else "NO",
-            ]
-        )
     peer = data.get("peer") or {}
+    peer_row = None
     if peer.get("decode_tok_s_median"):
-        rows.append(
-            [
-                f"{peer.get('engine') or 'peer'} {peer.get('version') or ''} (peer json)".strip(),
-                float(peer["decode_tok_s_median"]),
-                peer.get("ms_per_output_token_est"),
-                None,
-                "",
-                "-",
-            ]
-        )
-    headers = ["backend", "decode tok/s", "ms/out tok", "1-tok wall ms", "runs tok/s", "exact lens"]
-    print(report.table(headers, rows))
-    for key, value in data["ratios"].items():
-        if value is not None:
-            print(f"{key}: {value:.2f}x")
-    if peer.get("caveat"):
-        print(f"note: {peer['caveat']}")
+        peer_row = [float(peer["decode_tok_s_median"]), peer.get("ms_per_output_token_est"), None, "", "-"]
+    report.print_results(
+        data,
+        ["backend", "decode tok/s", "ms/out tok", "1-tok wall ms", "runs tok/s", "exact lens"],
+        lambda r: [
+            r["decode_tok_s_median"],
+            r["ms_per_output_token_est"],
+            r["ttft_ms_median"],
+            ", ".join(f"{x:.1f}" for x in r["decode_tok_s"]),
+            "yes" if r["exact_lengths"] else "NO",
+        ],
+        peer_row,
+    )

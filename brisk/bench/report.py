@@ -9,6 +9,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -143,6 +144,36 @@ def peer_caveat(model: str) -> str | None:
     if model == PEER_MODEL:
         return None
     return f"the peer figure is for {PEER_MODEL} (bf16); this run used {model}, so the ratio compares different models"
+
+
+def peer_info(args, peer: dict | None, **figures) -> dict | None:
+    """What a report says of the peer JSON (None without one): where it came from, and its ``figures``."""
+    if peer is None:
+        return None
+    return {
+        "caveat": peer_caveat(args.model),
+        "path": args.peer_json,
+        "engine": peer.get("engine"),
+        "version": peer.get("vllm"),
+        **figures,
+    }
+
+
+def print_results(data: dict, headers: list[str], row: Callable[[dict], list], peer_row: list | None) -> None:
+    """A table of the backends' results (``row(result)`` after the backend's name; a failed backend's error
+    instead), then ``peer_row`` under the peer's name when given, then the ratios and the peer's caveat."""
+    rows = []
+    for name, r in data["results"].items():
+        rows.append([name, r["error"], *[""] * (len(headers) - 2)] if "error" in r else [name, *row(r)])
+    peer = data.get("peer") or {}
+    if peer_row is not None:
+        rows.append([f"{peer.get('engine') or 'peer'} {peer.get('version') or ''} (peer json)".strip(), *peer_row])
+    print(table(headers, rows))
+    for key, value in data["ratios"].items():
+        if value is not None:
+            print(f"{key}: {value:.2f}x")
+    if peer.get("caveat"):
+        print(f"note: {peer['caveat']}")
 
 
 def ratio(a, b) -> float | None:

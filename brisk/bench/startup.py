@@ -63,15 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1.")
     kwargs = engine_kwargs(args)
-    model, tmp = configs.materialize(args.model)
-    try:
+    with configs.materialize(args.model) as model:
         runs = []
         for i in range(args.repeats):
             print(f"== startup run {i + 1}/{args.repeats} (fresh process)", flush=True)
             runs.append(run_child(model, kwargs, args.prompt_len))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
     keys = (
         "startup_s",
         "engine_init_s",

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import gc
 
-from brisk.bench import configs, datasets, report
-from brisk.bench.backends import make_backend
-from brisk.bench.common import backends_of, engine_kwargs, run_backends
+from brisk.bench import datasets, report
+from brisk.bench.common import backend_fields, backends_of, engine_kwargs, finish, open_backend, run_backends
 
 
 def build(args: argparse.Namespace) -> datasets.Workload:
@@ -30,9 +29,7 @@ def check_fits(workload: datasets.Workload, vocab_size: int, max_model_len: int)
 def run_one(args: argparse.Namespace, backend_name: str) -> dict:
     """Build the engine, warm up, time the workload; the per-backend result dict."""
     workload = build(args)
-    model, tmp = configs.materialize(args.model)
-    try:
-        backend = make_backend(backend_name, model, engine_kwargs(args), args.hf_batch_size)
+    with open_backend(args, backend_name, args.hf_batch_size) as backend:
         check_fits(workload, backend.vocab_size, backend.max_model_len)
         warmup_s = backend.warmup()
         gc.collect()
@@ -49,20 +46,14 @@ def run_one(args: argparse.Namespace, backend_name: str) -> dict:
             "output_tok_s": round(out_tokens / run.wall_s, 1),
             "total_tok_s": round((workload.input_tokens + out_tokens) / run.wall_s, 1),
             "req_s": round(workload.num_requests / run.wall_s, 3),
-            "warmup_s": round(warmup_s, 3),
-            "engine": backend.describe(),
-            "device_name": report.device_name(backend.describe().get("device")),
+            **backend_fields(backend, warmup_s),
         }
         if backend_name == "hf" and run.generated_tokens != out_tokens:
             result["note"] = (
                 "static batches decode max(output_len) steps per batch; output_tokens counts only the requested "
                 "tokens, generated_tokens all decoded ones"
             )
-        backend.close()
         return result
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,9 +70,6 @@ def run(args: argparse.Namespace) -> int:
         ratios["brisk_over_hf_output_tok_s"] = report.ratio(brisk_tok_s, results["hf"].get("output_tok_s"))
     if peer_tok_s is not None:
         ratios["brisk_over_peer_output_tok_s"] = report.ratio(brisk_tok_s, peer_tok_s)
-    first = next(iter(results.values()))
-    env = report.environment(probe_device=False)
-    env["device_name"] = first.get("device_name")
     summary = {
         "name": workload.name,
         "requests": workload.num_requests,
@@ -102,19 +90,8 @@ def run(args: argparse.Namespace) -> int:
         "engine_args": engine_kwargs(args),
         "hf_batch_size": args.hf_batch_size if "hf" in results else None,
     }
-    peer_info = None
-    if peer is not None:
-        peer_info = {
-            "caveat": report.peer_caveat(args.model),
-            "path": args.peer_json,
-            "engine": peer.get("engine"),
-            "version": peer.get("vllm"),
-            "output_tok_s": peer_tok_s,
-        }
-    data = report.make_report("throughput", args, config, results, env, workload=summary, ratios=ratios, peer=peer_info)
-    print_table(data)
-    report.write_json(data, args.output_json)
-    return 0 if all("error" not in r for r in results.values()) else 1
+    peer_info = report.peer_info(args, peer, output_tok_s=peer_tok_s)
+    return finish("throughput", args, config, results, print_table, workload=summary, ratios=ratios, peer=peer_info)
 
 
 def print_table(data: dict) -> None:
@@ -126,28 +103,11 @@ def print_table(data: dict) -> None:
         f"{w['output_tokens']:,} output tokens, {sampling}, "
         f"fingerprint {fp}; device {data.get('device_name')}"
     )
-    rows = []
-    for name, r in data["results"].items():
-        if "error" in r:
-            rows.append([name, r["error"], "", "", "", ""])
-            continue
-        exact = "yes" if r["exact_lengths"] else "NO"
-        rows.append([name, r["wall_s"], r["output_tok_s"], r["total_tok_s"], r["req_s"], exact])
     peer = data.get("peer") or {}
-    if peer.get("output_tok_s"):
-        rows.append(
-            [
-                f"{peer.get('engine') or 'peer'} {peer.get('version') or ''} (peer json)".strip(),
-                None,
-                float(peer["output_tok_s"]),
-                None,
-                None,
-                "-",
-            ]
-        )
-    print(report.table(["backend", "wall s", "output tok/s", "total tok/s", "req/s", "exact lens"], rows))
-    for key, value in data["ratios"].items():
-        if value is not None:
-            print(f"{key}: {value:.2f}x")
-    if peer.get("caveat"):
-        print(f"note: {peer['caveat']}")
+    peer_row = [None, float(peer["output_tok_s"]), None, None, "-"] if peer.get("output_tok_s") else None
+    report.print_results(
+        data,
+        ["backend", "wall s", "output tok/s", "total tok/s", "req/s", "exact lens"],
+        lambda r: [r["wall_s"], r["output_tok_s"], r["total_tok_s"], r["req_s"], "yes" if r["exact_lengths"] else "NO"],
+        peer_row,
+    )

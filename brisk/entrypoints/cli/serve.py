@@ -4,75 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 
+from brisk.entrypoints.cli.engine_args import add_engine_arguments, engine_kwargs, parse_bytes, positive_int
 from brisk.entrypoints.openai.config import DEFAULT_MAX_REQUEST_BODY_BYTES
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``123``, ``512M``, ``4GiB``, ``1.5g``: binary multiples (K = 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"expected a byte count like 4294967296, 512M or 4GiB, got {text!r}")
-    number, unit, _ = match.groups()
-    scale = 1024 ** "_kmgt".index(unit.lower() or "_")
-    return int(float(number) * scale)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("engine")
-    g.add_argument("--tokenizer", default=None, help="Tokenizer folder or name (default: the model's).")
-    g.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16 (default: auto).")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto).")
-    g.add_argument(
-        "--max-model-len", type=_positive_int, default=None, help="Context length (prompt + output)."
-    )
-    g.add_argument("--block-size", type=int, default=16, help="Tokens per KV-cache block (default: 16).")
-    g.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="Reuse KV-cache blocks of shared prompt prefixes (default: on).",
-    )
-    g.add_argument(
-        "--max-num-batched-tokens", type=_positive_int, default=None, help="Token budget per step."
-    )
-    g.add_argument(
-        "--max-num-seqs", type=_positive_int, default=256, help="Sequences per step (default: 256)."
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="Fraction of GPU memory to use (default: 0.9).",
-    )
-    g.add_argument(
-        "--kv-cache-memory-bytes",
-        type=parse_bytes,
-        default=None,
-        help="KV-cache size, e.g. 2GiB (overrides --gpu-memory-utilization).",
-    )
-    g.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")
-    g.add_argument("--load-format", default="auto", help="auto, safetensors or dummy (random weights).")
-    g.add_argument("--enforce-eager", action="store_true", help="Never capture CUDA graphs.")
-    g.add_argument(
-        "--attention-backend", default=None, help="torch, triton or flashinfer (default: per device)."
-    )
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -109,10 +46,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
         help="Larger request bodies get 413 (default: 4MiB).",
     )
-    g.add_argument("--max-n", type=_positive_int, default=16, help="Largest 'n' accepted (default: 16).")
+    g.add_argument("--max-n", type=positive_int, default=16, help="Largest 'n' accepted (default: 16).")
     g.add_argument(
         "--max-tokens-limit",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="Largest max_tokens accepted, and the default cap (default: only max_model_len bounds it).",
     )
@@ -155,36 +92,14 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
-_ENGINE_FLAGS = (
-    "tokenizer",
-    "dtype",
-    "device",
-    "max_model_len",
-    "block_size",
-    "enable_prefix_caching",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "seed",
-    "load_format",
-    "enforce_eager",
-    "attention_backend",
-)
-
-
 def build_configs(args: argparse.Namespace):
-    import dataclasses
-
     from brisk.config import EngineArgs
     from brisk.entrypoints.openai.config import ServerConfig
 
     if args.model and args.model_flag and args.model != args.model_flag:
         raise ValueError(f"MODEL ({args.model!r}) and --model ({args.model_flag!r}) disagree; give one.")
     model = args.model or args.model_flag or DEFAULT_MODEL
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    engine_kwargs = {name: getattr(args, name) for name in _ENGINE_FLAGS if name in known}
-    engine_args = EngineArgs(model=model, **engine_kwargs)
+    engine_args = EngineArgs(model=model, **engine_kwargs(args))
     engine_args.validate()
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("BRISK_API_KEY") or None

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from brisk.entrypoints.openai.errors import error_body
+from brisk.entrypoints.openai.errors import send_error
 
 PUBLIC_PATHS = frozenset({"/health"})
 
@@ -35,21 +35,5 @@ class APIKeyMiddleware:
         if hmac.compare_digest(token.strip(), self._expected) and scheme.lower() == b"bearer":
             await self.app(scope, receive, send)
             return
-        message = (
-            "Missing API key: send 'Authorization: Bearer <key>'."
-            if not given
-            else "Incorrect API key provided."
-        )
-        body = error_body(message, 401, code="invalid_api_key")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        message = "Missing API key: send 'Authorization: Bearer <key>'." if not given else "Incorrect API key provided."
+        await send_error(send, message, 401, code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")])

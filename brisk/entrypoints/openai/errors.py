@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
+from starlette.types import Send
 
 logger = logging.getLogger("brisk.server")
 
@@ -58,11 +60,23 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return OpenAIError(message, status_code=400, param=param, code=code)
 
 
-def error_body(message: str, status_code: int, *, param: str | None = None, code: str | None = None) -> bytes:
-    """The JSON body of an error, for ASGI middlewares that answer before FastAPI sees the request."""
-    return json.dumps(
-        OpenAIError(message, status_code=status_code, param=param, code=code).to_dict()
-    ).encode()
+async def send_error(
+    send: Send, message: str, status_code: int, *, code: str, headers: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """An error response sent straight over ASGI, for middlewares that answer before FastAPI sees the request."""
+    body = json.dumps(OpenAIError(message, status_code=status_code, code=code).to_dict()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status_code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 # ------------------------------------------------------------------------------------------
@@ -95,22 +109,14 @@ _TYPE_WORDS = {
 }
 
 
+# JSON's names for Python types, checked in this order (bool before int: a bool is an int).
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object"}
+
+
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next((name for cls, name in _JSON_TYPES.items() if isinstance(value, cls)), type(value).__name__)
 
 
 def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
@@ -130,22 +136,17 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
 
     if etype == "json_invalid":
         detail = err.get("ctx", {}).get("error", "")
-        return bad_request(
-            f"The request body is not valid JSON ({detail}).".replace(" ()", ""), code="invalid_json"
-        )
+        return bad_request(f"The request body is not valid JSON ({detail}).".replace(" ()", ""), code="invalid_json")
     if etype == "extra_forbidden":
         return bad_request(
-            f"Unsupported parameter: '{param}'. brisk does not support this field; remove it from the "
-            "request.",
+            f"Unsupported parameter: '{param}'. brisk does not support this field; remove it from the request.",
             param=param,
             code="unsupported_parameter",
         )
     if etype == "missing":
         if param is None:
             return bad_request("The request body is missing; send a JSON object.", code="missing_body")
-        return bad_request(
-            f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-        )
+        return bad_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if param is None and etype in ("model_attributes_type", "dict_type", "model_type"):
         got = _type_name(value)
         if isinstance(value, (bytes, bytearray)):
@@ -162,9 +163,7 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
         msg = msg[len("Value error, ") :]
     if param is None:
         return bad_request(f"Invalid request: {msg}.".replace("..", "."), code="invalid_value")
-    return bad_request(
-        f"Invalid value for '{param}': {msg}.".replace("..", "."), param=param, code="invalid_value"
-    )
+    return bad_request(f"Invalid value for '{param}': {msg}.".replace("..", "."), param=param, code="invalid_value")
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "literal", "none"}

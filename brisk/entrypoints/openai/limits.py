@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from brisk.entrypoints.openai.errors import error_body
+from brisk.entrypoints.openai.errors import send_error
 
 
 class BodySizeLimitMiddleware:
@@ -27,18 +27,7 @@ class BodySizeLimitMiddleware:
             f"The request body is larger than the server's limit of {self.max_body_bytes} bytes "
             "(--max-request-body-bytes)."
         )
-        body = error_body(message, 413, code="request_too_large")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, message, 413, code="request_too_large")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -3,7 +3,6 @@ choices."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 
 from starlette.responses import JSONResponse, Response
@@ -21,9 +20,9 @@ from brisk.entrypoints.openai.protocol import (
 from brisk.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
+    ResponseIds,
     SSEResponse,
     error_event,
-    random_id,
     sse,
 )
 from brisk.sampling_params import SamplingParams
@@ -38,51 +37,31 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(requested, num_prompt_tokens, param)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
-        return self.sampling_params(
-            dict(
-                n=req.n,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
-                max_tokens=max_tokens,
-                min_tokens=req.min_tokens,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                seed=req.seed,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty,
-                logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-                skip_special_tokens=req.skip_special_tokens,
-            ),
+        return self.request_sampling_params(
+            req,
+            max_tokens,
             param_names={"logprobs": "top_logprobs", "max_tokens": param},
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
 
     async def create(self, req: ChatCompletionRequest) -> Response:
         model = self.check_model(req.model)
         self.check_n(req.n)
         self.check_stream_options(req.stream, req.stream_options)
-        _, prompt_ids = await self.render_chat(
-            req.messages, req.add_generation_prompt, req.continue_final_message
-        )
+        _, prompt_ids = await self.render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
         self.check_prompt_length(len(prompt_ids), "messages")
         params = self._params(req, len(prompt_ids))
-        request_id = random_id("chatcmpl")
-        created = int(time.time())
-        stream = await self.submit(request_id, prompt_ids, params)
+        ids = ResponseIds.new("chatcmpl", model)
+        stream = await self.submit(ids.id, prompt_ids, params)
         if req.stream:
-            return SSEResponse(self._stream(req, model, request_id, created, stream), [stream])
+            return SSEResponse(self._stream(req, ids, stream), [stream])
         output = await self.final_output(stream)
         k = req.top_logprobs or 0
         choices = [
             ChatCompletionChoice(
                 index=c.index,
                 message=ChatResponseMessage(content=c.text),
-                logprobs=ChatChoiceLogprobs(
-                    content=chat_logprobs(self.tokenizer, c.token_ids, c.logprobs or [], k)
-                )
+                logprobs=ChatChoiceLogprobs(content=chat_logprobs(self.tokenizer, c.token_ids, c.logprobs or [], k))
                 if req.logprobs
                 else None,
                 finish_reason=c.finish_reason,
@@ -91,20 +70,18 @@ class OpenAIServingChat(OpenAIServing):
             for c in output.outputs
         ]
         response = ChatCompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=self.usage([output])
+            id=ids.id, created=ids.created, model=ids.model, choices=choices, usage=self.usage([output])
         )
         return JSONResponse(response.model_dump())
 
-    async def _stream(
-        self, req: ChatCompletionRequest, model: str, request_id: str, created: int, stream: RequestStream
-    ) -> AsyncIterator[str]:
+    async def _stream(self, req: ChatCompletionRequest, ids: ResponseIds, stream: RequestStream) -> AsyncIterator[str]:
         n = req.n
         k = req.top_logprobs or 0
         sent_chars = [0] * n
         sent_tokens = [0] * n
         done = [False] * n
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        base = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        base = ids.chunk_base("chat.completion.chunk")
 
         def chunk(choice: dict) -> str:
             data = {**base, "choices": [choice]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -19,10 +18,10 @@ from brisk.entrypoints.openai.protocol import (
 from brisk.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
+    ResponseIds,
     SSEResponse,
     error_event,
     merge_streams,
-    random_id,
     sse,
 )
 from brisk.outputs import RequestOutput
@@ -59,26 +58,11 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _params(self, req: CompletionRequest, num_prompt_tokens: int) -> SamplingParams:
         max_tokens = self.resolve_max_tokens(req.max_tokens, num_prompt_tokens, "max_tokens")
-        return self.sampling_params(
-            dict(
-                n=req.n,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
-                max_tokens=max_tokens,
-                min_tokens=req.min_tokens,
-                stop=req.stop,
-                stop_token_ids=req.stop_token_ids,
-                ignore_eos=req.ignore_eos,
-                seed=req.seed,
-                presence_penalty=req.presence_penalty,
-                frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty,
-                logprobs=req.logprobs,
-                prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
-                skip_special_tokens=req.skip_special_tokens,
-            )
+        return self.request_sampling_params(
+            req,
+            max_tokens,
+            logprobs=req.logprobs,
+            prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
         )
 
     async def create(self, req: CompletionRequest) -> Response:
@@ -91,38 +75,31 @@ class OpenAIServingCompletion(OpenAIServing):
             for p in prompts:
                 if p.text is None:
                     p.text = await self.decode(p.token_ids)
-        request_id = random_id("cmpl")
-        created = int(time.time())
+        ids = ResponseIds.new("cmpl", model)
         streams = []
         try:
             for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
-                streams.append(await self.submit(f"{request_id}-{i}", prompt.token_ids, sp))
+                streams.append(await self.submit(f"{ids.id}-{i}", prompt.token_ids, sp))
         except BaseException:
             for stream in streams:
                 stream.abort()
             raise
 
         if req.stream:
-            return SSEResponse(self._stream(req, model, request_id, created, prompts, streams), streams)
+            return SSEResponse(self._stream(req, ids, prompts, streams), streams)
         try:
             outputs = await asyncio.gather(*(self.final_output(s) for s in streams))
         finally:
             for stream in streams:
                 stream.abort()
-        return JSONResponse(self._response(req, model, request_id, created, prompts, outputs).model_dump())
+        return JSONResponse(self._response(req, ids, prompts, outputs).model_dump())
 
     def _echo_logprobs(self, prompt: _Prompt, output: RequestOutput, k: int) -> CompletionLogprobs:
         positions = output.prompt_logprobs or [None] * len(prompt.token_ids)
         return completion_logprobs(self.tokenizer, prompt.token_ids, positions, k, 0)
 
     def _response(
-        self,
-        req: CompletionRequest,
-        model: str,
-        request_id: str,
-        created: int,
-        prompts: list[_Prompt],
-        outputs: list[RequestOutput],
+        self, req: CompletionRequest, ids: ResponseIds, prompts: list[_Prompt], outputs: list[RequestOutput]
     ) -> CompletionResponse:
         choices = []
         for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
@@ -149,17 +126,11 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 )
         return CompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=self.usage(outputs)
+            id=ids.id, created=ids.created, model=ids.model, choices=choices, usage=self.usage(outputs)
         )
 
     async def _stream(
-        self,
-        req: CompletionRequest,
-        model: str,
-        request_id: str,
-        created: int,
-        prompts: list[_Prompt],
-        streams: list,
+        self, req: CompletionRequest, ids: ResponseIds, prompts: list[_Prompt], streams: list
     ) -> AsyncIterator[str]:
         n = req.n
         num_choices = len(prompts) * n
@@ -169,7 +140,7 @@ class OpenAIServingCompletion(OpenAIServing):
         done = [False] * num_choices
         last: dict[int, RequestOutput] = {}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        base = {"id": request_id, "object": "text_completion", "created": created, "model": model}
+        base = ids.chunk_base("text_completion")
         try:
             async for i, output in merge_streams(streams):
                 last[i] = output
@@ -191,9 +162,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs = completion_logprobs(
                             self.tokenizer, new_ids, positions, req.logprobs, offsets[idx], logprobs
                         )
-                        offsets[idx] += (
-                            sum(len(t) for t in logprobs.tokens[-len(new_ids) :]) if new_ids else 0
-                        )
+                        offsets[idx] += sum(len(t) for t in logprobs.tokens[-len(new_ids) :]) if new_ids else 0
                     sent_chars[idx] = len(c.text)
                     sent_tokens[idx] = len(c.token_ids)
                     if not text and not new_ids and c.finish_reason is None:

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -18,7 +19,13 @@ from starlette.responses import StreamingResponse
 from brisk.engine.async_engine import AsyncLLM, EngineDeadError, EngineError, QueueFullError, RequestStream
 from brisk.entrypoints.openai.config import ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
-from brisk.entrypoints.openai.protocol import ChatMessage, PromptTokensDetails, UsageInfo
+from brisk.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    PromptTokensDetails,
+    UsageInfo,
+)
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
@@ -35,6 +42,22 @@ def sse(data: dict[str, Any]) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class ResponseIds:
+    """What a response and each chunk of its stream carry: the id, the creation time and the model name."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> ResponseIds:
+        return cls(random_id(prefix), int(time.time()), model)
+
+    def chunk_base(self, object_name: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
 
 
 class OpenAIServing:
@@ -86,9 +109,7 @@ class OpenAIServing:
             return
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request(
-                f"Token id {bad} in '{param}' is outside the vocabulary [0, {vocab}).", param=param
-            )
+            raise bad_request(f"Token id {bad} in '{param}' is outside the vocabulary [0, {vocab}).", param=param)
 
     async def render_chat(
         self,
@@ -134,9 +155,7 @@ class OpenAIServing:
         except OpenAIError:
             raise
         except Exception as exc:  # jinja errors, raise_exception() in templates ("roles must alternate", ...)
-            raise bad_request(
-                f"The chat template could not render these messages: {exc}", param="messages"
-            ) from exc
+            raise bad_request(f"The chat template could not render these messages: {exc}", param="messages") from exc
 
     # ---- limits and sampling ------------------------------------------------------------------------------
     def check_prompt_length(self, num_prompt_tokens: int, param: str = "prompt") -> None:
@@ -180,9 +199,7 @@ class OpenAIServing:
 
     def check_n(self, n: int, best_of: int | None = None) -> None:
         if n > self.config.max_n:
-            raise bad_request(
-                f"'n' is {n}, above this server's limit of {self.config.max_n} (--max-n).", param="n"
-            )
+            raise bad_request(f"'n' is {n}, above this server's limit of {self.config.max_n} (--max-n).", param="n")
         if best_of is not None and best_of != n:
             raise bad_request(
                 f"'best_of' ({best_of}) different from 'n' ({n}) is not supported: brisk does not rerank "
@@ -206,6 +223,37 @@ class OpenAIServing:
                 param = (param_names or {}).get(name, name)
                 message = f"'{param}' " + message[match.end() :]
             raise bad_request(message, param=param, code="invalid_value") from exc
+
+    def request_sampling_params(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int,
+        param_names: dict[str, str] | None = None,
+        **fields: Any,
+    ) -> SamplingParams:
+        """``sampling_params`` of the fields completions and chat share, ``max_tokens`` as resolved, and the
+        endpoint's own ``fields`` (logprobs, ...)."""
+        return self.sampling_params(
+            dict(
+                n=req.n,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                top_k=req.top_k,
+                min_p=req.min_p,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                seed=req.seed,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                skip_special_tokens=req.skip_special_tokens,
+                **fields,
+            ),
+            param_names,
+        )
 
     # ---- the engine ---------------------------------------------------------------------------------------
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:

@@ -1,0 +1,97 @@
+"""The engine flags ``brisk serve`` and ``brisk bench`` share, under vLLM's names, and their conversion into
+``EngineArgs`` keyword arguments.
+
+Every flag defaults to ``None`` and only the flags given on the command line are passed on, so the engine's own
+defaults (``EngineArgs``) apply otherwise; the defaults named in the help are those."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+# The EngineArgs fields these flags set, in the order they are passed on.
+ENGINE_FLAGS = (
+    "tokenizer",
+    "dtype",
+    "device",
+    "max_model_len",
+    "block_size",
+    "enable_prefix_caching",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "seed",
+    "load_format",
+    "enforce_eager",
+    "attention_backend",
+)
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``123``, ``512M``, ``4GiB``, ``1.5g``: binary multiples (K = 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"expected a byte count like 4294967296, 512M or 4GiB, got {text!r}")
+    number, unit, _ = match.groups()
+    scale = 1024 ** "_kmgt".index(unit.lower() or "_")
+    return int(float(number) * scale)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine") -> None:
+    """The flags of ``ENGINE_FLAGS``, in an argument group called ``title``; each defaults to ``None`` (not given)."""
+    g = parser.add_argument_group(title)
+    g.add_argument("--tokenizer", default=None, help="Tokenizer folder or name (default: the model's).")
+    g.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16 (default: auto).")
+    g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: auto).")
+    g.add_argument("--max-model-len", type=positive_int, default=None, help="Context length (prompt + output).")
+    g.add_argument("--block-size", type=int, default=None, help="Tokens per KV-cache block (default: 16).")
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Reuse KV-cache blocks of shared prompt prefixes (default: on).",
+    )
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="Token budget per step.")
+    g.add_argument("--max-num-seqs", type=positive_int, default=None, help="Sequences per step (default: 256).")
+    g.add_argument(
+        "--gpu-memory-utilization", type=float, default=None, help="Fraction of GPU memory to use (default: 0.9)."
+    )
+    g.add_argument(
+        "--kv-cache-memory-bytes",
+        type=parse_bytes,
+        default=None,
+        help="KV-cache size, e.g. 2GiB (overrides --gpu-memory-utilization).",
+    )
+    g.add_argument("--seed", type=int, default=None, help="Engine random seed (default: 0).")
+    g.add_argument("--load-format", default=None, help="auto, safetensors or dummy (random weights; default: auto).")
+    g.add_argument("--enforce-eager", action="store_true", default=None, help="Never capture CUDA graphs.")
+    g.add_argument("--attention-backend", default=None, help="torch or triton (default: per device).")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The EngineArgs fields given on the command line (flags left at ``None`` are left out)."""
+    from brisk.config import EngineArgs
+
+    known = set(EngineArgs.__dataclass_fields__)
+    kwargs = {}
+    for name in ENGINE_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name not in known:
+            raise ValueError(f"--{name.replace('_', '-')} is not an engine argument of this brisk version.")
+        kwargs[name] = value
+    return kwargs
