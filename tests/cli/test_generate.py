@@ -110,6 +110,7 @@ def test_raw_skips_the_chat_template(json_runs):
         (["--dtype", "float8"], 1, "dtype"),
         (["--raw", "--system", "be brief"], 1, "--system"),
         (["--threads", "0"], 1, "--threads"),
+        (["--max-model-len", "0"], 2, "--max-model-len"),
         (["--kv-cache-memory-bytes", "lots"], 2, "--kv-cache-memory-bytes"),
     ],
 )

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from brisk.entrypoints.cli.serve import parse_bytes
+from brisk.entrypoints.cli.engine_args import parse_bytes, positive_int
+from brisk.loader.resolve import DEFAULT_MODEL
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.9
@@ -99,7 +99,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--dtype", default="auto", help="auto, float32, float16 or bfloat16 (default: auto: float32 on CPU)."
     )
-    g.add_argument("--max-model-len", type=int, default=None, help="Context length (default: the model's).")
+    g.add_argument("--max-model-len", type=positive_int, default=None, help="Context length (default: the model's).")
     g.add_argument(
         "--kv-cache-memory-bytes",
         type=parse_bytes,
@@ -108,7 +108,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
     )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
-    g.add_argument("--verbose", "-v", action="store_true", help="Log the engine's start-up to stderr.")
+    g.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="Log the engine's start-up to stderr (chat: also each turn's full prompt and stats).",
+    )
 
 
 def sampling_params_from_args(args: argparse.Namespace):
