@@ -7,7 +7,6 @@ Skipped unless the parts are installed:
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -28,17 +27,11 @@ pytestmark = pytest.mark.skipif(_missing is not None, reason=_missing or "")
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     cache = tmp_path_factory.mktemp("brisk-cache")
-    old = os.environ.get("BRISK_CACHE_DIR")
-    os.environ["BRISK_CACHE_DIR"] = str(cache)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("BRISK_CACHE_DIR", str(cache))
         folder = resolve_model(QWEN.name, torch.bfloat16)
         assert not list(cache.rglob("*.gguf")) and not list(cache.rglob("*.bin"))  # no assembled copy
         yield folder
-    finally:
-        if old is None:
-            os.environ.pop("BRISK_CACHE_DIR", None)
-        else:
-            os.environ["BRISK_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ is missing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -29,10 +28,8 @@ SAMPLES = [
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     """The converted folder (float32), in a private cache that the engine test below reuses."""
-    cache = tmp_path_factory.mktemp("brisk-cache")
-    old = os.environ.get("BRISK_CACHE_DIR")
-    os.environ["BRISK_CACHE_DIR"] = str(cache)
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("BRISK_CACHE_DIR", str(tmp_path_factory.mktemp("brisk-cache")))
         t0 = time.perf_counter()
         folder = resolve_model(DEFAULT_MODEL, torch.float32)
         cold = time.perf_counter() - t0
@@ -41,11 +38,6 @@ def smollm2(tmp_path_factory):
         warm = time.perf_counter() - t0
         print(f"\nSmolLM2 conversion: cold {cold:.2f} s, warm {warm * 1000:.1f} ms")
         yield folder
-    finally:
-        if old is None:
-            os.environ.pop("BRISK_CACHE_DIR", None)
-        else:
-            os.environ["BRISK_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="module")
