@@ -36,9 +36,7 @@ def main() -> None:
     # Prefill until every request decodes.
     while any(r.num_computed_tokens < r.num_tokens - 1 for r in sched.requests.values()) or sched.waiting:
         out = sched.schedule()
-        sched.update_from_output(
-            out, [1 if r.num_computed_tokens + n == r.num_tokens else None for r, n in out.scheduled]
-        )
+        sched.update_from_output(out, [1 if entry.sample else None for entry in out.scheduled])
     timings = []
     sampled = [rng.randrange(32000) for _ in range(args.requests)]
     for _ in range(args.steps):

@@ -38,6 +38,7 @@ class EngineArgs:
     load_format: str = "auto"
     enforce_eager: bool = False
     attention_backend: str | None = None
+    async_scheduling: bool | None = None  # None: on for CUDA (the host prepares step N+1 during N), off on CPU
 
     def validate(self) -> None:
         def require(ok: bool, message: str) -> None:

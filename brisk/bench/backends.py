@@ -54,6 +54,7 @@ class BriskBackend:
             "block_size": lambda: engine.args.block_size,
             "prefix_caching": lambda: engine.args.enable_prefix_caching,
             "enforce_eager": lambda: engine.args.enforce_eager,
+            "async_scheduling": lambda: engine.async_scheduling,
             "kv_cache_blocks": lambda: engine.kv_cache_manager.pool.num_blocks,
             "kv_cache_tokens": lambda: engine.kv_cache_manager.pool.num_blocks * engine.args.block_size,
         }

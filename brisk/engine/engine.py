@@ -20,12 +20,12 @@ from brisk.config import (
 from brisk.engine.detokenizer import IncrementalDetokenizer
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
-from brisk.engine.scheduler import Scheduler, SchedulerStats
+from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
-from brisk.worker.model_runner import ModelRunner
+from brisk.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,10 @@ class LLMEngine:
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
         )
         self._parents: dict[str, _ParentRequest] = {}
+        self.async_scheduling = (
+            args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
+        )
+        self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
 
@@ -238,24 +242,43 @@ class LLMEngine:
 
     # ---- the step -----------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        timer = self.step_timer
-        timer.start()
+        """Run one step and return the outputs it produced.
+
+        With async scheduling the next step is scheduled and launched before this one's tokens are read back,
+        so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
+        request's sampling needs its whole token history on the host (penalties)."""
+        self.step_timer.start()
+        current, self._in_flight = self._in_flight, None
+        if current is None:
+            current = self._launch()
+            if current is None:
+                if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                    raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
+                return []
+        if self.async_scheduling and not self.scheduler.needs_sync:
+            self._in_flight = self._launch()
+        return self._apply(current.schedule, current.result())
+
+    def _launch(self) -> LaunchedStep | None:
         schedule = self.scheduler.schedule()
-        timer.mark("schedule")
+        self.step_timer.mark("schedule")
         if schedule.is_empty:
-            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
-                raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
-            return []
-        result = self.model_runner.execute(schedule, timer)
+            return None
+        return self.model_runner.execute(schedule, self.step_timer)
+
+    def _apply(self, schedule: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
+        """Book a finished step's tokens: timings and logprobs, stops, detokenization, outputs."""
+        timer = self.step_timer
         now = time.time()
-        for request, (start, entries) in result.prompt_logprobs.items():
-            req = self.scheduler.requests[request]
-            if len(req.prompt_logprobs) == start:
+        for request_id, (start, entries) in result.prompt_logprobs.items():
+            req = self.scheduler.requests.get(request_id)
+            if req is not None and len(req.prompt_logprobs) == start:
                 req.prompt_logprobs.extend(entries)
-        for (request, _), token, lps, lp in zip(
+        for entry, token, lps, lp in zip(
             schedule.scheduled, result.sampled_token_ids, result.logprobs, result.chosen_logprobs
         ):
-            if token is None:
+            request = entry.request
+            if token is None or request.is_finished:
                 continue
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -263,14 +286,17 @@ class LLMEngine:
             if lps is not None:
                 request.logprobs.append(lps)
                 request.cumulative_logprob += lp
+        live = [
+            (entry.request, token)
+            for entry, token in zip(schedule.scheduled, result.sampled_token_ids)
+            if token is not None and not entry.request.is_finished
+        ]
         self.scheduler.update_from_output(schedule, result.sampled_token_ids)
         timer.mark("update")
 
         touched: dict[str, _ParentRequest] = {}
         stopped_by_string: list[str] = []
-        for (request, _), token in zip(schedule.scheduled, result.sampled_token_ids):
-            if token is None:
-                continue
+        for request, token in live:
             parent_id, index = self._child_to_parent[request.request_id]
             parent = self._parents[parent_id]
             completion = parent.completions[index]

@@ -54,7 +54,10 @@ class Request:
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = 0  # tokens whose KV is computed or scheduled to be
+        # Tokens sampled on the device by a step still in flight (async scheduling): they are not in
+        # ``all_token_ids`` yet, but the next step already computes their KV from the device-side copy.
+        self.num_pending_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit of the first admission; -1 until admitted
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -73,6 +76,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_pending(self) -> int:
+        return len(self.all_token_ids) + self.num_pending_tokens
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -4,6 +4,11 @@ Every step each scheduled request gets a number of new tokens to compute, under 
 ``max_num_seqs``. Running requests go first (in admission order), then waiting ones; a prompt that does not fit
 the remaining budget is computed in chunks. When the KV cache runs out, the most recently admitted running
 request is preempted: its blocks are freed and it is recomputed later, keeping the tokens it generated.
+
+Progress is booked when a step is scheduled, not when it returns: ``num_computed_tokens`` advances at once and a
+row that samples leaves one *pending* token on its request. So the engine may schedule step N+1 while step N is
+still on the device (async scheduling): a decode row of N+1 takes its input token from N's sampled tokens on
+the device, and N's results are applied when they arrive.
 """
 
 from __future__ import annotations
@@ -12,16 +17,24 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
+
+
+class ScheduledRequest(NamedTuple):
+    request: Request
+    num_new_tokens: int
+    start: int  # position of the first new token (num_computed_tokens before this step)
+    sample: bool  # the chunk reaches the end of the sequence, so the row samples a token
 
 
 @dataclass
 class SchedulerOutput:
     """What the model runner computes this step, in batch order."""
 
-    scheduled: list[tuple[Request, int]]  # (request, num_new_tokens)
+    scheduled: list[ScheduledRequest]
     block_tables: dict[str, list[int]]
     total_num_tokens: int
     preempted: list[Request] = field(default_factory=list)
@@ -57,14 +70,22 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._num_history_requests = 0  # requests whose sampling reads their own token history
 
     # ---- queue management -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        self._num_history_requests += request.sampling_params.has_penalties
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def needs_sync(self) -> bool:
+        """True while a request's sampling needs every earlier token on the host (penalties), so the next
+        step may not be scheduled before the current one returns."""
+        return self._num_history_requests > 0
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """End requests (abort, or a stop string found by the detokenizer) and free their blocks."""
@@ -73,30 +94,31 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
-            if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
-            else:
-                self.waiting.remove(request)
             self._finish(request, status)
             finished.append(request)
         return finished
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
+        (self.running if request.status == RequestStatus.RUNNING else self.waiting).remove(request)
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        self._num_history_requests -= request.sampling_params.has_penalties
 
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         now = time.time()
 
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self._finishes_with_pending(request):
+                i += 1
+                continue
+            num_new = min(request.num_tokens_with_pending - request.num_computed_tokens, budget)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -104,7 +126,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                scheduled.append((request, num_new))
+                scheduled.append(self._book(request, num_new))
                 budget -= num_new
                 i += 1
                 continue
@@ -113,6 +135,8 @@ class Scheduler:
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 request = self.waiting[0]
+                if request.num_pending_tokens:  # preempted while its last step is in flight: wait for it
+                    break
                 hits, num_hit_tokens = [], 0
                 if request.num_computed_tokens == 0:
                     hits, num_hit_tokens = self.kv.get_computed_blocks(request)
@@ -127,12 +151,33 @@ class Scheduler:
                     request.first_scheduled_time = now
                 request.status = RequestStatus.RUNNING
                 self.running.append(request)
-                scheduled.append((request, num_new))
+                scheduled.append(self._book(request, num_new))
                 budget -= num_new
 
-        block_tables = {r.request_id: self.kv.get_block_ids(r.request_id) for r, _ in scheduled}
+        block_tables = {
+            entry.request.request_id: self.kv.get_block_ids(entry.request.request_id) for entry in scheduled
+        }
         total = self.max_num_batched_tokens - budget
         return SchedulerOutput(scheduled, block_tables, total, preempted)
+
+    @staticmethod
+    def _book(request: Request, num_new: int) -> ScheduledRequest:
+        """Count the step's tokens as computed now, and a pending sample if the chunk reaches the end."""
+        start = request.num_computed_tokens
+        request.num_computed_tokens = start + num_new
+        sample = request.num_computed_tokens == request.num_tokens_with_pending
+        if sample:
+            request.num_pending_tokens += 1
+        return ScheduledRequest(request, num_new, start, sample)
+
+    def _finishes_with_pending(self, request: Request) -> bool:
+        """Whether the tokens still in flight are sure to end the request by length (so do not schedule it)."""
+        if not request.num_pending_tokens:
+            return False
+        max_tokens = request.sampling_params.max_tokens
+        return (
+            max_tokens is not None and request.num_output_tokens + request.num_pending_tokens >= max_tokens
+        ) or request.num_tokens_with_pending >= self.max_model_len
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
@@ -142,16 +187,20 @@ class Scheduler:
         self.num_preemptions += 1
 
     def update_from_output(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
-        """Advance computed counts, append sampled tokens, apply token-level stops. Returns finished requests."""
+        """Append sampled tokens and apply token-level stops. Returns the requests that finished.
+
+        Requests that ended while the step was in flight (aborted, or stopped by an earlier token) drop the
+        token; a request preempted meanwhile keeps it (it was computed from its real KV before the blocks
+        were freed)."""
         finished = []
-        for (request, num_new), token in zip(output.scheduled, sampled):
-            request.num_computed_tokens += num_new
-            if token is None:  # a prompt chunk that did not reach the end of the sequence
+        for entry, token in zip(output.scheduled, sampled):
+            request = entry.request
+            if token is None or request.is_finished:
                 continue
+            request.num_pending_tokens -= 1
             request.append_output_token(token)
             status = self._check_stop(request, token)
             if status is not None:
-                self.running.remove(request)
                 self._finish(request, status)
                 finished.append(request)
         return finished

@@ -1,7 +1,9 @@
 """Persistent per-step input buffers: filled on the host, copied to the device in one non-blocking batch.
 
 Keeping them allocated for the engine's life means no per-step allocation, pinned host memory on GPUs (so the
-copies are asynchronous), and fixed device addresses, which CUDA graphs need for their inputs.
+copies are asynchronous), and fixed device addresses, which CUDA graphs need for their inputs. With async
+scheduling the host fills step N+1 while step N's copies may still be queued, so filling first waits for the
+previous copies (an event that has almost always fired by then).
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ class InputBuffers:
         self.seq_lens = host(max_seqs, dtype=torch.int32)
         self.query_start_loc = host(max_seqs + 1, dtype=torch.int32)
         self.block_table = host(max_seqs, max_blocks_per_seq, dtype=torch.int32)
+        # Rows of (destination token index, source row of the previous step's sampled ids), see feed_sampled.
+        self.feed_index = host(2, max_seqs, dtype=torch.int64)
+        self.np_feed_index = self.feed_index.numpy()
+        self._copied: torch.cuda.Event | None = None
         self._host = [self.input_ids, self.positions, self.slot_mapping, self.seq_lens, self.query_start_loc]
         if device.type == "cpu":
             self._device = self._host
             self.block_table_device = self.block_table
+            self.feed_index_device = self.feed_index
         else:
             self._device = [torch.zeros_like(t, device=device) for t in self._host]
             self.block_table_device = torch.zeros_like(self.block_table, device=device)
+            self.feed_index_device = torch.zeros_like(self.feed_index, device=device)
         (self.input_ids_device, self.positions_device, self.slot_mapping_device, self.seq_lens_device,
          self.query_start_loc_device) = self._device  # fmt: skip
         # numpy views for fast host-side filling
@@ -44,6 +52,12 @@ class InputBuffers:
         # and how many entries were written, so a decode step only writes blocks added since the last one.
         self._row_source: list[tuple[list[int], int] | None] = [None] * max_seqs
 
+    def wait_for_copies(self) -> None:
+        """Block until the last copy_to_device has read the host buffers, so they may be overwritten."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+
     def write_block_table_row(self, row: int, block_ids: list[int]) -> None:
         source = self._row_source[row]
         start = source[1] if source is not None and source[0] is block_ids else 0
@@ -51,12 +65,22 @@ class InputBuffers:
             self.np_block_table[row, start : len(block_ids)] = block_ids[start:]
         self._row_source[row] = (block_ids, len(block_ids))
 
-    def copy_to_device(self, num_tokens: int, num_seqs: int) -> None:
+    def copy_to_device(self, num_tokens: int, num_seqs: int, num_fed: int = 0) -> None:
         if self.device.type == "cpu":
             return
+        if num_fed:  # the whole (small) buffer: a column slice is not contiguous
+            self.feed_index_device.copy_(self.feed_index, non_blocking=True)
         for host, dev, n in zip(self._host, self._device, (num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1)):
             dev[:n].copy_(host[:n], non_blocking=True)
         self.block_table_device[:num_seqs].copy_(self.block_table[:num_seqs], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    def feed_sampled(self, num_fed: int, sampled: torch.Tensor) -> None:
+        """On the device: input_ids[dst] = sampled[src] for the first ``num_fed`` columns of feed_index (filled
+        on the host before copy_to_device): tokens the previous step sampled that the host has not seen yet."""
+        index = self.feed_index_device[:, :num_fed]
+        self.input_ids_device.index_copy_(0, index[0], sampled.index_select(0, index[1]))
 
     def metadata(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]

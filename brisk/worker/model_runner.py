@@ -1,5 +1,9 @@
 """The model runner: the only place that builds tensors per step (input ids, positions, slot mapping, block
-tables), runs the model over the paged KV cache and samples."""
+tables), runs the model over the paged KV cache and samples.
+
+``execute`` only launches a step and returns a ``LaunchedStep``; its ``result()`` waits for the sampled tokens.
+In between the engine may launch the next step, whose decode rows read their input tokens straight from this
+step's sampled ids on the device (``InputBuffers.feed_sampled``), so the host never stalls the device."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import numpy as np
 import torch
 
 from brisk.config import ModelConfig
-from brisk.engine.scheduler import SchedulerOutput
+from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
 from brisk.engine.step_timer import StepTimer
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
@@ -34,6 +38,43 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]]
 
 
+class LaunchedStep:
+    """A step whose kernels are queued on the device; ``result()`` waits for its sampled tokens."""
+
+    def __init__(
+        self,
+        schedule: SchedulerOutput,
+        sample_rows: list[int],
+        sampled_host: torch.Tensor | None,
+        done: torch.cuda.Event | None,
+        logprobs: list[PositionLogprobs | None] | None,
+        chosen: list[float | None] | None,
+        prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]],
+    ):
+        self.schedule = schedule
+        self._sample_rows = sample_rows
+        self._sampled_host = sampled_host
+        self._done = done
+        self._logprobs = logprobs
+        self._chosen = chosen
+        self._prompt_logprobs = prompt_logprobs
+
+    def result(self) -> ModelRunnerOutput:
+        num_rows = len(self.schedule.scheduled)
+        sampled: list[int | None] = [None] * num_rows
+        logprobs: list[PositionLogprobs | None] = [None] * num_rows
+        chosen: list[float | None] = [None] * num_rows
+        if self._sampled_host is not None:
+            if self._done is not None:
+                self._done.synchronize()
+            tokens = self._sampled_host.tolist()
+            for j, row in enumerate(self._sample_rows):
+                sampled[row] = tokens[j]
+                if self._logprobs is not None:
+                    logprobs[row], chosen[row] = self._logprobs[j], self._chosen[j]
+        return ModelRunnerOutput(sampled, logprobs, chosen, self._prompt_logprobs)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -51,6 +92,9 @@ class ModelRunner:
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
         self.kv_caches: list[torch.Tensor] = []
+        # The last launched step's sampled ids (on the device) and each sampling request's row in them.
+        self._last_sampled: torch.Tensor | None = None
+        self._last_sample_rows: dict[str, int] = {}
 
     # ---- KV cache -----------------------------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
@@ -107,24 +151,33 @@ class ModelRunner:
         """Fill the input buffers for this step; returns (tokens to run, padded batch size or 0, metadata)."""
         bs = self.block_size
         buf = self.buffers
+        buf.wait_for_copies()
         query_start_loc = [0]
         seq_lens: list[int] = []
         token = 0
         max_query_len = 0
-        for row, (request, num_new) in enumerate(out.scheduled):
+        num_fed = 0
+        for row, (request, num_new, start, _) in enumerate(out.scheduled):
             table = out.block_tables[request.request_id]
             buf.write_block_table_row(row, table)
-            start = request.num_computed_tokens
             end = start + num_new
+            known = min(end, request.num_tokens)  # tokens past this are still on the device (in flight)
             if num_new == 1:
-                buf.np_input_ids[token] = request.all_token_ids[start]
                 buf.np_positions[token] = start
                 buf.np_slot_mapping[token] = table[start // bs] * bs + start % bs
             else:
                 pos = np.arange(start, end)
-                buf.np_input_ids[token : token + num_new] = request.all_token_ids[start:end]
                 buf.np_positions[token : token + num_new] = pos
                 buf.np_slot_mapping[token : token + num_new] = np.asarray(table)[pos // bs] * bs + pos % bs
+            if known - start == 1:
+                buf.np_input_ids[token] = request.all_token_ids[start]
+            elif known > start:
+                buf.np_input_ids[token : token + known - start] = request.all_token_ids[start:known]
+            if known < end:
+                assert end - known == 1, "only the last sampled token can be in flight"
+                buf.np_feed_index[0, num_fed] = token + num_new - 1
+                buf.np_feed_index[1, num_fed] = self._last_sample_rows[request.request_id]
+                num_fed += 1
             token += num_new
             max_query_len = max(max_query_len, num_new)
             query_start_loc.append(token)
@@ -137,14 +190,18 @@ class ModelRunner:
             padded = self.graphs.padded_size(num_seqs) or 0
         if padded:
             buf.fill_padding(token, padded, num_seqs, padded)
-            buf.copy_to_device(padded, padded)
+            buf.copy_to_device(padded, padded, num_fed)
         else:
-            buf.copy_to_device(token, num_seqs)
+            buf.copy_to_device(token, num_seqs, num_fed)
+        if num_fed:
+            buf.feed_sampled(num_fed, self._last_sampled)
         metadata = buf.metadata(token, num_seqs, max_query_len, max(seq_lens), query_start_loc, seq_lens)
         return token, padded, metadata
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, timer: StepTimer) -> ModelRunnerOutput:
+    def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
+        """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
+        chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
         num_tokens, padded, metadata = self._prepare(out)
         timer.mark("prepare")
         if padded:
@@ -156,34 +213,39 @@ class ModelRunner:
                 )
         timer.mark("forward", sync=True)
 
-        # Rows that reach the end of their sequence sample a token; prompt chunks short of the end do not.
-        sample_rows = [i for i, (r, n) in enumerate(out.scheduled) if r.num_computed_tokens + n == r.num_tokens]
-        sampled: list[int | None] = [None] * len(out.scheduled)
-        logprobs: list[PositionLogprobs | None] = [None] * len(out.scheduled)
-        chosen: list[float | None] = [None] * len(out.scheduled)
+        sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
+        sampled_host = done = logprobs = chosen = None
         if sample_rows:
             if len(sample_rows) == num_tokens:  # pure decode: every row samples
                 rows = hidden
             else:
                 index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
-                rows = hidden[torch.tensor(index, device=hidden.device)]
-            result = self.sampler(self.model.compute_logits(rows), [out.scheduled[i][0] for i in sample_rows])
-            for j, row in enumerate(sample_rows):
-                sampled[row] = result.token_ids[j]
-                logprobs[row] = result.logprobs[j]
-                chosen[row] = result.chosen_logprobs[j]
-        prompt_logprobs = self._prompt_logprobs(out, hidden, metadata)
+                rows = hidden[_to_device(index, self.device)]
+            requests = [out.scheduled[i].request for i in sample_rows]
+            result = self.sampler(self.model.compute_logits(rows), requests)
+            logprobs, chosen = result.logprobs, result.chosen_logprobs
+            self._last_sampled = result.token_ids
+            self._last_sample_rows = {r.request_id: j for j, r in enumerate(requests)}
+            if self.device.type == "cpu":
+                sampled_host = result.token_ids
+            else:
+                sampled_host = torch.empty(len(sample_rows), dtype=torch.int64, pin_memory=True)
+                sampled_host.copy_(result.token_ids, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record()
+        prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
         timer.mark("sample")
-        return ModelRunnerOutput(sampled, logprobs, chosen, prompt_logprobs)
+        return LaunchedStep(out, sample_rows, sampled_host, done, logprobs, chosen, prompt_logprobs)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, hidden: torch.Tensor, metadata: AttentionMetadata):
+    def _prompt_logprobs(
+        self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> dict[str, tuple[int, list[PositionLogprobs]]]:
         """Logprob of each prompt token given the tokens before it, for requests that asked for them."""
         result: dict[str, tuple[int, list[PositionLogprobs]]] = {}
-        for i, (request, num_new) in enumerate(out.scheduled):
+        for i, (request, num_new, start, _) in enumerate(scheduled):
             k = request.sampling_params.prompt_logprobs
             if k is None:
                 continue
-            start = request.num_computed_tokens
             # Position p predicts token p + 1; keep predictions of prompt tokens not recorded yet.
             first = max(start, len(request.prompt_logprobs) - 1)
             last = min(start + num_new, request.num_prompt_tokens - 1)
@@ -195,6 +257,13 @@ class ModelRunner:
             targets = request.prompt_token_ids[first + 1 : last + 1]
             result[request.request_id] = (first + 1, prompt_position_logprobs(lps, targets, k))
         return result
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A host list on the device without waiting for the device (pinned staging memory on GPUs)."""
+    if device.type == "cpu":
+        return torch.tensor(values)
+    return torch.tensor(values, pin_memory=True).to(device, non_blocking=True)
 
 
 def _single_sequence_metadata(num_tokens: int, block_size: int, device: torch.device) -> AttentionMetadata:

@@ -19,9 +19,12 @@ from brisk.sampling_params import SamplingParams
 
 @dataclass
 class SamplerOutput:
-    token_ids: list[int]
-    logprobs: list[PositionLogprobs | None]
-    chosen_logprobs: list[float | None]
+    """Sampled ids stay on the device (int64), so the next step can read them without a round trip through
+    the host; logprobs, when asked for, are read back at once."""
+
+    token_ids: torch.Tensor
+    logprobs: list[PositionLogprobs | None] | None
+    chosen_logprobs: list[float | None] | None
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
@@ -44,7 +47,8 @@ def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
 def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
     for row, request in enumerate(requests):
         params = request.sampling_params
-        if request.num_output_tokens < params.min_tokens:
+        # Tokens generated before this one: those known plus those still in flight, less this step's own.
+        if request.num_output_tokens + request.num_pending_tokens - 1 < params.min_tokens:
             banned = set(params.stop_token_ids)
             if not params.ignore_eos:
                 banned |= request.eos_token_ids
@@ -127,24 +131,22 @@ class Sampler:
         token_ids = logits.argmax(dim=-1)
         if not all(greedy):
             token_ids = self._sample(logits, requests, greedy, token_ids)
-        tokens = token_ids.tolist()
+        if raw_logprobs is None:
+            return SamplerOutput(token_ids, None, None)
 
         logprobs: list[PositionLogprobs | None] = [None] * len(requests)
         chosen: list[float | None] = [None] * len(requests)
-        if raw_logprobs is not None:
-            rows = [i for i, w in enumerate(want_logprobs) if w]
-            logprobs_rows, chosen_rows = self._gather_logprobs(raw_logprobs[rows], token_ids[rows], requests, rows)
-            for i, row in enumerate(rows):
-                logprobs[row], chosen[row] = logprobs_rows[i], chosen_rows[i]
-        return SamplerOutput(tokens, logprobs, chosen)
+        rows = [i for i, w in enumerate(want_logprobs) if w]
+        logprobs_rows, chosen_rows = self._gather_logprobs(raw_logprobs[rows], token_ids[rows], requests, rows)
+        for i, row in enumerate(rows):
+            logprobs[row], chosen[row] = logprobs_rows[i], chosen_rows[i]
+        return SamplerOutput(token_ids, logprobs, chosen)
 
     def _sample_fused(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """Plain temperature / greedy rows: one kernel pass over the logits."""
         temps = [0.0 if r.sampling_params.greedy else r.sampling_params.temperature for r in requests]
         temperature = _device_tensor(temps, torch.float32, self.device)
-        tokens = self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31)).tolist()
-        none = [None] * len(requests)
-        return SamplerOutput(tokens, none, list(none))
+        return SamplerOutput(self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31)), None, None)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
         params = [r.sampling_params for r in requests]

@@ -37,13 +37,13 @@ def _gumbel_argmax_kernel(
         take = block_max > best_val  # strict: the earliest index wins ties, as torch.argmax does
         best_idx = tl.where(take, block_idx, best_idx)
         best_val = tl.where(take, block_max, best_val)
-    tl.store(out_ptr + row, best_idx)
+    tl.store(out_ptr + row, best_idx.to(tl.int64))
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
     """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature)."""
     rows, vocab = logits.shape
-    out = torch.empty(rows, dtype=torch.int32, device=logits.device)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         block = min(4096, triton.next_power_of_2(vocab))
         _gumbel_argmax_kernel[(rows,)](

@@ -1,4 +1,5 @@
-"""Every scheduling optimization gives the same greedy tokens as the plain path."""
+"""Every scheduling optimization gives the same greedy tokens as the plain path, with async scheduling (step N+1
+scheduled before step N's tokens are read back) off and on."""
 
 import pytest
 
@@ -24,9 +25,13 @@ def baseline(tiny_llama):
     return prompts, token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
 
 
-def test_prefix_caching_gives_same_tokens_and_hits(tiny_llama, baseline):
+ASYNC = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+
+
+@ASYNC
+def test_prefix_caching_gives_same_tokens_and_hits(tiny_llama, baseline, async_scheduling):
     prompts, expected = baseline
-    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=True)
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=True, async_scheduling=async_scheduling)
     first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
     assert first[0].num_cached_tokens == 0
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -38,25 +43,40 @@ def test_prefix_caching_gives_same_tokens_and_hits(tiny_llama, baseline):
     assert stats.prefix_cache_queries >= stats.prefix_cache_hits
 
 
-def test_chunked_prefill_tiny_budget(tiny_llama, baseline):
+@ASYNC
+def test_chunked_prefill_tiny_budget(tiny_llama, baseline, async_scheduling):
     prompts, expected = baseline
-    llm = LLM(tiny_llama, device="cpu", max_num_batched_tokens=16, enable_prefix_caching=False)
+    llm = LLM(
+        tiny_llama,
+        device="cpu",
+        max_num_batched_tokens=16,
+        enable_prefix_caching=False,
+        async_scheduling=async_scheduling,
+    )
     assert token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
 
 
-def test_forced_preemption(tiny_llama, baseline):
+@ASYNC
+def test_forced_preemption(tiny_llama, baseline, async_scheduling):
     prompts, expected = baseline
     # 2 layers x 2 kv heads x 16 dims x 2 (k, v) x 4 bytes = 512 bytes per token; 12 blocks of 16 tokens.
-    llm = LLM(tiny_llama, device="cpu", kv_cache_memory_bytes=12 * 16 * 512, max_model_len=160)
+    llm = LLM(
+        tiny_llama,
+        device="cpu",
+        kv_cache_memory_bytes=12 * 16 * 512,
+        max_model_len=160,
+        async_scheduling=async_scheduling,
+    )
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_ids(outputs) == expected
     assert llm.engine.get_stats().num_preemptions > 0
     assert llm.engine.kv_cache_manager.num_free_blocks == 12
 
 
-def test_n_greedy_completions_are_identical(tiny_llama, baseline):
+@ASYNC
+def test_n_greedy_completions_are_identical(tiny_llama, baseline, async_scheduling):
     prompts, expected = baseline
-    llm = LLM(tiny_llama, device="cpu")
+    llm = LLM(tiny_llama, device="cpu", async_scheduling=async_scheduling)
     params = SamplingParams(n=3, temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts[:2], params, use_tqdm=False)
     for output, want in zip(outputs, expected):
@@ -64,8 +84,9 @@ def test_n_greedy_completions_are_identical(tiny_llama, baseline):
         assert all(c.token_ids == want for c in output.outputs)
 
 
-def test_batch_of_one_equals_batch_of_32(tiny_llama):
-    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+@ASYNC
+def test_batch_of_one_equals_batch_of_32(tiny_llama, async_scheduling):
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False, async_scheduling=async_scheduling)
     tok = llm.get_tokenizer()
     prompts = [tok.encode(f"Numbers: {' '.join(str(j) for j in range(i % 11))} and the fox {i}") for i in range(32)]
     batched = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))

@@ -31,8 +31,14 @@ def make_request(rng: random.Random, i: int, vocab: int = 8) -> Request:
     return Request(f"r{i}", prompt, params, frozenset())
 
 
+def fake_tokens(rng: random.Random, out) -> list[int | None]:
+    return [rng.randrange(8) if entry.sample else None for entry in out.scheduled]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("seed", range(4))
-def test_fuzz_scheduler_and_kv_manager(seed):
+def test_fuzz_scheduler_and_kv_manager(seed, overlap):
+    """With ``overlap`` each step is scheduled before the previous one's tokens are applied (async scheduling)."""
     rng = random.Random(seed)
     num_blocks = rng.choice([24, 40, 64])
     block_size = rng.choice([4, 8, 16])
@@ -40,7 +46,31 @@ def test_fuzz_scheduler_and_kv_manager(seed):
     # As at engine startup: one max_model_len sequence always fits the whole cache.
     max_model_len = min(200, num_blocks * block_size)
     sched = Scheduler(kv, max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=8, max_model_len=max_model_len)
+    finished: list[Request] = []
+    in_flight = None
     next_id = 0
+
+    def step():
+        nonlocal in_flight
+        out = sched.schedule()
+        total = sum(entry.num_new_tokens for entry in out.scheduled)
+        assert total == out.total_num_tokens <= sched.max_num_batched_tokens
+        assert len(out.scheduled) <= sched.max_num_seqs
+        for request, num_new, start, sample in out.scheduled:
+            blocks = kv.req_to_blocks[request.request_id]
+            assert request.num_computed_tokens == start + num_new
+            assert len(blocks) * kv.block_size >= start + num_new
+            # A sampling row computes every known and in-flight token; a prompt chunk stops short of them.
+            assert (
+                start + num_new == request.num_tokens_with_pending - 1
+                if sample
+                else start + num_new < request.num_tokens
+            )
+            assert request.num_pending_tokens <= (2 if overlap else 1)
+        previous, in_flight = (in_flight, out) if overlap else (out, None)
+        if previous is not None:
+            finished.extend(sched.update_from_output(previous, fake_tokens(rng, previous)))
+
     for _ in range(1500):
         op = rng.random()
         if op < 0.15:
@@ -52,30 +82,22 @@ def test_fuzz_scheduler_and_kv_manager(seed):
             victim = rng.choice(list(sched.requests))
             sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
         else:
-            out = sched.schedule()
-            total = sum(n for _, n in out.scheduled)
-            assert total == out.total_num_tokens <= sched.max_num_batched_tokens
-            assert len(out.scheduled) <= sched.max_num_seqs
-            for request, num_new in out.scheduled:
-                blocks = kv.req_to_blocks[request.request_id]
-                assert len(blocks) * kv.block_size >= request.num_computed_tokens + num_new
-            sampled = [
-                rng.randrange(8) if r.num_computed_tokens + n == r.num_tokens else None for r, n in out.scheduled
-            ]
-            sched.update_from_output(out, sampled)
+            step()
         check_invariants(kv)
     # Drain, then everything must be free.
     for _ in range(5000):
-        if not sched.has_unfinished_requests():
+        if not sched.has_unfinished_requests() and in_flight is None:
             break
-        out = sched.schedule()
-        sched.update_from_output(
-            out, [7 if r.num_computed_tokens + n == r.num_tokens else None for r, n in out.scheduled]
-        )
+        step()
         check_invariants(kv)
     assert not sched.has_unfinished_requests()
     assert kv.num_free_blocks == num_blocks
     assert not kv.req_to_blocks
+    # Length-finished requests stopped exactly at their limit: no token of a step scheduled past it was kept.
+    assert finished
+    for request in finished:
+        assert request.status == RequestStatus.FINISHED_LENGTH
+        assert request.num_output_tokens == request.sampling_params.max_tokens or request.num_tokens == max_model_len
 
 
 def test_prefix_hit_shares_blocks_and_lru_eviction():

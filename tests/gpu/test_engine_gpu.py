@@ -3,6 +3,8 @@
 - Triton attention backend vs the torch reference backend: same greedy tokens (float32), including chunked
   prefill with prefix-cache hits and mixed batches.
 - CUDA-graph replay vs eager: same tokens (bf16: same kernels, so bit-identical).
+- Async scheduling (step N+1 launched while N runs, its inputs fed from N's sampled ids on the device) vs
+  synchronous steps: same tokens (float32), with early stops, chunked prefill and preemption.
 - transformers parity on the GPU in float32, and logits of an 8B-shaped model close between backends in bf16.
 """
 
@@ -57,6 +59,33 @@ def test_cuda_graphs_match_eager_bf16(tiny):
     graphs = make(tiny, dtype="bfloat16", enforce_eager=False)
     assert graphs.engine.model_runner.graphs is not None
     assert tokens(graphs) == eager
+
+
+MIXED = [SamplingParams(temperature=0, max_tokens=m) for m in (1, 2, 5, 17, 40, 64)] * 3  # EOS ends some early
+
+
+def test_async_scheduling_matches_sync_fp32(tiny):
+    """float32, so batches of other sizes (a request may run one step past its stop) round alike."""
+    sync = make(tiny, dtype="float32", async_scheduling=False)
+    fast = make(tiny, dtype="float32")
+    assert fast.engine.async_scheduling and fast.engine.model_runner.graphs is not None
+    for params in (GREEDY, MIXED, SamplingParams(temperature=0, max_tokens=40, stop=["e", " the"])):
+        assert tokens(fast, PROMPTS, params) == tokens(sync, PROMPTS, params)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=11)
+    assert tokens(fast, PROMPTS, seeded) == tokens(sync, PROMPTS, seeded)
+
+
+def test_async_scheduling_with_chunks_and_preemption(tiny):
+    expected = tokens(make(tiny, dtype="float32", async_scheduling=False), PROMPTS, MIXED)
+    per_block = make(tiny, dtype="float32").engine.model_runner.kv_cache_bytes_per_block()
+    small = make(tiny, dtype="float32", kv_cache_memory_bytes=16 * per_block, max_model_len=200)
+    assert tokens(small, PROMPTS, MIXED) == expected
+    assert small.engine.get_stats().num_preemptions > 0
+    chunked = make(tiny, dtype="float32", max_num_batched_tokens=24)
+    assert tokens(chunked, PROMPTS, MIXED) == expected
+    for llm in (small, chunked):
+        kv = llm.engine.kv_cache_manager
+        assert kv.num_free_blocks == kv.pool.num_blocks
 
 
 def test_transformers_parity_fp32_on_gpu(tiny):

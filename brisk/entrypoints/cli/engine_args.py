@@ -25,6 +25,7 @@ ENGINE_FLAGS = (
     "load_format",
     "enforce_eager",
     "attention_backend",
+    "async_scheduling",
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -79,6 +80,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     g.add_argument("--load-format", default=None, help="auto, safetensors or dummy (random weights; default: auto).")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="Never capture CUDA graphs.")
     g.add_argument("--attention-backend", default=None, help="torch or triton (default: per device).")
+    g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Schedule and launch step N+1 while step N runs on the device (default: on for CUDA, off on CPU).",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
