@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Reproduces brisk's H200 table (docs/benchmarks.md): GPU correctness tests, then W1, W2, W3 and W7 on the
-# Llama-3.1-8B shape with random weights. Run it on the H200 right after vLLM's anchor in the same call
+# Llama-3.1-8B shape with random weights, then W5 online through `brisk serve` (the 8B shape with the SmolLM2
+# vocabulary and tokenizer, as shared/peers/serve_anchor.sh does for vLLM). Run it on the H200 right after vLLM's anchor in the same call
 # (shared/peers/README.md), so that $OUT/vllm_anchor.json is there and every figure gets its vLLM ratio:
 #   bash .carry/vllm026/scripts/stage.sh 2 && bash .carry/vllm026/scripts/stage.sh install \
 #     && bash .carry/vllm026/scripts/run.sh; BRISK_COMMIT=<sha> bash benchmarks/h200_run.sh
-# Missing Python packages travel as wheels in .whl/ (gguf); they go to their own folder, apart from vLLM's.
+# Missing Python packages travel as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder, apart
+# from vLLM's.
+# Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
+# BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
+# C with N prompts; default the W5 points "1:16 16:160 64:384 256:768"), BRISK_SERVE_INPUT_LEN (1024),
+# BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (default: the first SmolLM2 tokenizer folder found, see below),
+# BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
+# BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
+# BRISK_SERVE_READY_TIMEOUT (600 s). A CPU dry run of the serve stage alone:
+#   BRISK_SKIP_TESTS=1 BRISK_WORKLOADS= BRISK_SKIP_LATENCY=1 BRISK_SKIP_STARTUP=1 BRISK_SERVE_SHAPE=llama-tiny-shape \
+#   BRISK_SERVE_VOCAB_SIZE=49152 BRISK_SERVE_ARGS="--device cpu --kv-cache-memory-bytes 64MiB" \
+#   BRISK_SERVE_POINTS="1:2 2:4" BRISK_SERVE_INPUT_LEN=32 BRISK_SERVE_OUTPUT_LEN=8 bash benchmarks/h200_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/brisk-out}
@@ -21,8 +33,85 @@ MODEL=(--model llama-3.1-8b-shape)
 if [ "${BRISK_SKIP_TESTS:-0}" != 1 ]; then
     python3 -m pytest -q -p no:cacheprovider tests/gpu -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|max" | tail -30
 fi
-for workload in ${BRISK_WORKLOADS:-W1 W2}; do
+for workload in ${BRISK_WORKLOADS-W1 W2}; do
     bench throughput --workload "$workload" "${MODEL[@]}" "${PEER[@]}" --output-json "$OUT/brisk_${workload,,}.json" | tail -8
 done
 [ "${BRISK_SKIP_LATENCY:-0}" = 1 ] || bench latency "${MODEL[@]}" "${PEER[@]}" --output-json "$OUT/brisk_w3.json" | tail -6
 [ "${BRISK_SKIP_STARTUP:-0}" = 1 ] || bench startup "${MODEL[@]}" --output-json "$OUT/brisk_w7.json" | tail -6
+
+# W5 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:
+# $OUT/brisk_w5_c{C}.json, client output: $OUT/brisk_w5_c{C}.log), then SIGTERM and wait. A server that does not come
+# up costs at most BRISK_SERVE_READY_TIMEOUT: the client stops at once when the server process exits.
+serve_stage() {
+    local port=${BRISK_SERVE_PORT:-8011} model=/tmp/brisk-serve-model tok=${BRISK_SERVE_TOKENIZER:-} cand
+    if [ -z "$tok" ]; then
+        for cand in .carry/vllm026/scripts/smollm2-tokenizer shared/peers/smollm2-tokenizer \
+            ../shared/peers/smollm2-tokenizer .scratch/smollm2-tokenizer; do
+            [ -f "$cand/tokenizer.json" ] && { tok=$cand; break; }
+        done
+    fi
+    if [ -z "$tok" ] || [ ! -d "$tok" ]; then
+        echo "serve stage skipped: no SmolLM2 tokenizer folder (carry .carry/vllm026/scripts or set BRISK_SERVE_TOKENIZER)"
+        return 0
+    fi
+    local vocab=()
+    [ -n "${BRISK_SERVE_VOCAB_SIZE:-}" ] && vocab=(--vocab-size "$BRISK_SERVE_VOCAB_SIZE")
+    rm -rf "$model"
+    python3 -m brisk.entrypoints.cli.main bench write-config "${BRISK_SERVE_SHAPE:-llama-3.1-8b-shape-smollm2-vocab}" \
+        "$model" --tokenizer "$tok" "${vocab[@]}" >/dev/null || { echo "serve stage skipped: write-config failed"; return 0; }
+    local t0=$SECONDS server_args=${BRISK_SERVE_ARGS---dtype bfloat16 --gpu-memory-utilization 0.9}
+    # shellcheck disable=SC2086  # server_args is a list of flags
+    python3 -m brisk.entrypoints.cli.main serve "$model" --load-format dummy --max-model-len 4096 --seed 0 \
+        --host 127.0.0.1 --port "$port" --served-model-name llama8b --disable-uvicorn-access-log \
+        $server_args >"$OUT/brisk_serve.log" 2>&1 &
+    local pid=$!
+    local client=(python3 -m brisk.entrypoints.cli.main bench serve --base-url "http://127.0.0.1:$port" --model llama8b
+        --tokenizer "$model" --seed 0 --random-input-len "${BRISK_SERVE_INPUT_LEN:-1024}"
+        --random-output-len "${BRISK_SERVE_OUTPUT_LEN:-128}")
+    # Wait for /health, then one untimed request (a warm-up). The client stops as soon as the server process exits;
+    # no --refused-timeout: brisk serve refuses connections until its model is loaded.
+    if "${client[@]}" --ready-timeout "${BRISK_SERVE_READY_TIMEOUT:-600}" --server-pid "$pid" --refused-timeout 0 \
+        --num-prompts 1 --skip-initial-test >"$OUT/brisk_w5_warmup.log" 2>&1; then
+        echo "brisk serve ready (and one request answered) after $((SECONDS - t0)) s;" \
+            "$(grep -a -o -m1 'Engine ready in [0-9.]* s' "$OUT/brisk_serve.log")"
+        local point c n
+        for point in ${BRISK_SERVE_POINTS:-1:16 16:160 64:384 256:768}; do
+            c=${point%%:*} n=${point##*:}
+            if ! kill -0 "$pid" 2>/dev/null; then
+                echo "brisk serve exited before W5 c=$c; its log ends:"; tail -30 "$OUT/brisk_serve.log"; break
+            fi
+            rm -f "$OUT/brisk_w5_c$c.json"
+            "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "W5-c$c" \
+                --output-json "$OUT/brisk_w5_c$c.json" >"$OUT/brisk_w5_c$c.log" 2>&1
+            if [ -f "$OUT/brisk_w5_c$c.json" ]; then
+                python3 - "$OUT/brisk_w5_c$c.json" "$OUT/w5_c$c.json" <<'PY'
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+m, c = d["results"]["server"], d["config"]
+line = (f"{d['workload']['name']}: {m['completed']}/{c['num_prompts']} ok, TTFT p50/p99 {m['ttft_ms']['median']:.1f}/"
+        f"{m['ttft_ms']['p99']:.1f} ms, TPOT p50/p99 {m['tpot_ms']['median']:.2f}/{m['tpot_ms']['p99']:.2f} ms, ITL p99 "
+        f"{m['itl_ms']['p99']:.1f} ms, {m['output_throughput']:,.0f} output tok/s, {m['request_throughput']:.2f} req/s")
+peer = sys.argv[2]  # vLLM's bench serve file for the same point, where serve_anchor.sh ran in this $OUT
+if os.path.isfile(peer):
+    with open(peer) as f:
+        v = json.load(f).get("output_throughput")
+    if v:
+        line += f" ({m['output_throughput'] / v:.2f}x vLLM's {v:,.0f})"
+print(line + (f"; errors: {m['errors'][:2]}" if m["errors"] else ""))
+PY
+            else
+                echo "W5 c=$c: no result; the client's output ends:"; tail -5 "$OUT/brisk_w5_c$c.log"
+            fi
+        done
+    else
+        echo "brisk serve did not come up ($((SECONDS - t0)) s): $(grep -a 'error' "$OUT/brisk_w5_warmup.log" | tail -1)"
+        echo "its log ($OUT/brisk_serve.log) ends:"; tail -30 "$OUT/brisk_serve.log"
+    fi
+    kill -TERM "$pid" 2>/dev/null
+    local i
+    for i in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid"
+    echo "brisk serve stopped (exit status $?)"
+}
+[ "${BRISK_SKIP_SERVE:-0}" = 1 ] || serve_stage

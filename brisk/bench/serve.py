@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -115,27 +116,77 @@ async def request_stream(
         await asyncio.sleep(rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness)))
 
 
-async def wait_ready(base_url: str, timeout: float, headers: dict) -> None:
+DEFAULT_REFUSED_TIMEOUT = 60.0
+
+
+def process_exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone: no such process, or one that exited and awaits its parent (a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # Linux: field 3 of /proc/PID/stat is the state, Z for a zombie
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+async def wait_ready(
+    base_url: str,
+    timeout: float,
+    headers: dict,
+    refused_timeout: float = DEFAULT_REFUSED_TIMEOUT,
+    server_pid: int | None = None,
+    poll_s: float = 1.0,
+) -> None:
+    """Poll ``GET /health`` until it answers 200, for at most ``timeout`` seconds.
+
+    A server that accepts connections but is not ready (any other status, a slow answer) is waited for the whole
+    ``timeout``. Refused connections (nothing listening: not started yet, still loading, or dead) end the wait
+    once they have lasted ``refused_timeout`` seconds in a row (0: never early); ``server_pid`` ends it as soon as
+    that process has exited. Each way out is a one-line :class:`RuntimeError`.
+    """
     import httpx
 
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    refused_since = None
     async with httpx.AsyncClient(timeout=5.0) as client:
         while True:
             try:
                 if (await client.get(f"{base_url}/health", headers=headers)).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
+                refused_since = None
+            except httpx.ConnectError:  # refused (or no route, or no such host): nothing accepted the connection
+                now = time.monotonic()
+                refused_since = now if refused_since is None else refused_since
+                if refused_timeout and now - refused_since >= refused_timeout:
+                    raise RuntimeError(
+                        f"{base_url} refused connections for {now - refused_since:.0f} s in a row: no server "
+                        f"listens there (did it exit at start? see its log). A server that loads for longer "
+                        f"needs a larger --refused-timeout (now {refused_timeout:g} s)."
+                    ) from None
+            except httpx.HTTPError:  # accepted, but no answer in time: still starting
+                refused_since = None
+            if server_pid is not None and process_exited(server_pid):
+                raise RuntimeError(
+                    f"the server process {server_pid} exited before {base_url}/health answered 200 (see its log)."
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{base_url}/health did not answer 200 within {timeout} s.")
-            await asyncio.sleep(1.0)
+                raise RuntimeError(f"{base_url}/health did not answer 200 within {timeout:g} s.")
+            await asyncio.sleep(poll_s)
 
 
 async def served_model(base_url: str, headers: dict) -> str:
     import httpx
 
-    async with httpx.AsyncClient(timeout=30.0) as client:
-        response = await client.get(f"{base_url}/v1/models", headers=headers)
+    try:
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            response = await client.get(f"{base_url}/v1/models", headers=headers)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"GET {base_url}/v1/models failed: {type(exc).__name__}: {exc}") from None
     if response.status_code != 200:
         raise RuntimeError(f"GET {base_url}/v1/models answered {response.status_code}; pass --model.")
     return response.json()["data"][0]["id"]
@@ -203,6 +254,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-concurrency must be >= 1.")
     if args.request_rate <= 0 or args.burstiness <= 0:
         raise ValueError("--request-rate and --burstiness must be positive.")
+    if args.ready_timeout < 0 or args.refused_timeout < 0:
+        raise ValueError("--ready-timeout and --refused-timeout must be >= 0.")
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     base_url = args.base_url.rstrip("/")
@@ -224,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=args.random_vocab_size,
     )
     if args.ready_timeout:
-        asyncio.run(wait_ready(base_url, args.ready_timeout, headers))
+        asyncio.run(wait_ready(base_url, args.ready_timeout, headers, args.refused_timeout, args.server_pid))
     model = args.model or asyncio.run(served_model(base_url, headers))
     print(
         f"brisk bench serve: {len(requests)} requests to {base_url}{args.endpoint} ({model}), "

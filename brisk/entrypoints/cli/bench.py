@@ -116,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_engine_arguments(p)
     p.set_defaults(func=_startup)
 
-    from brisk.bench.serve import DEFAULT_METRIC_PERCENTILES
+    from brisk.bench.serve import DEFAULT_METRIC_PERCENTILES, DEFAULT_REFUSED_TIMEOUT
 
     p = sub.add_parser(
         "serve",
@@ -155,7 +155,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--no-ignore-eos", action="store_true", help="Do not send ignore_eos.")
     p.add_argument("--metric-percentiles", default=DEFAULT_METRIC_PERCENTILES)
     p.add_argument("--skip-initial-test", action="store_true", help="Skip the untimed first request.")
-    p.add_argument("--ready-timeout", type=float, default=0.0, help="Wait up to S seconds for GET /health first.")
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="First wait up to S seconds for GET /health to answer 200 (default 0: no wait). A server that accepts "
+        "connections but is not ready (503, no answer yet) is waited for all S seconds; see --refused-timeout.",
+    )
+    p.add_argument(
+        "--refused-timeout",
+        type=float,
+        default=DEFAULT_REFUSED_TIMEOUT,
+        metavar="S",
+        help="While waiting for readiness, stop with an error once connections have been refused for S seconds in "
+        f"a row: nothing listens (not started, or died at start) (default {DEFAULT_REFUSED_TIMEOUT:g}; 0: wait the "
+        "whole --ready-timeout). brisk serve and vLLM refuse connections while they load the model, so S must be "
+        "longer than the load.",
+    )
+    p.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="While waiting for readiness, stop with an error as soon as process PID (the server) has exited.",
+    )
     p.add_argument("--save-detailed", action="store_true", help="Per-request timings in the JSON.")
     p.add_argument("--label", default=None, help="A name for this run (e.g. W5-c16), kept in the JSON.")
     _add_common(p)
