@@ -1,0 +1,76 @@
+"""Sweep the split-KV decode kernel's launch parameters on a GPU (not a test) for the Llama-3.1-8B shape (32 query
+heads, 8 KV heads, head size 128, 16-token pages, bf16) and print each config's time and KV bandwidth.
+
+    python benchmarks/tune_decode_attention.py [--shapes 256x820,1x300]
+
+Bandwidth counts the K and V bytes the batch must read once (batch x context x 8 heads x 128 x 2 x 2 bytes);
+the H200's measured copy ceiling is about 4.3 TB/s. The first line of each shape is the default heuristic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+
+import torch
+import triton
+
+from brisk.layers.attention import triton_kernels as tk
+
+HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
+
+
+def make_batch(batch: int, context: int, max_model_len: int):
+    blocks_per_seq = triton.cdiv(max_model_len, BLOCK)
+    num_blocks = batch * triton.cdiv(context, BLOCK) + 1
+    kv_cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_SIZE, dtype=torch.bfloat16, device="cuda")
+    order = torch.randperm(num_blocks - 1, device="cuda").to(torch.int32)  # pages scattered as in a real cache
+    used = triton.cdiv(context, BLOCK)
+    block_tables = torch.zeros(batch, blocks_per_seq, dtype=torch.int32, device="cuda")
+    block_tables[:, :used] = order[: batch * used].view(batch, used)
+    query = torch.randn(batch, HEADS, HEAD_SIZE, dtype=torch.bfloat16, device="cuda")
+    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+    return query, kv_cache, block_tables, seq_lens, query_start_loc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="256x820,64x1800,1x300,1x2000")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="The bound graphs are captured with.")
+    parser.add_argument("--top", type=int, default=6)
+    args = parser.parse_args()
+    for shape in args.shapes.split(","):
+        batch, context = (int(x) for x in shape.split("x"))
+        query, kv_cache, block_tables, seq_lens, qsl = make_batch(batch, context, args.max_model_len)
+        output = torch.empty_like(query)
+        gbytes = batch * context * KV_HEADS * HEAD_SIZE * 2 * 2 / 1e9
+
+        run = functools.partial(
+            tk.decode_attention, query, kv_cache, output, block_tables, seq_lens, qsl, 0.088, batch, args.max_model_len
+        )
+
+        default_splits = tk.decode_num_splits(batch, KV_HEADS, args.max_model_len, query.device)
+        configs = [{}]
+        for splits, tile, warps, stages in itertools.product(
+            sorted({1, 2, 4, default_splits}), (32, 64, 128), (4, 8), (2, 3, 4)
+        ):
+            configs.append(dict(num_splits=splits, tile_n=tile, num_warps=warps, num_stages=stages))
+        results = []
+        for kw in configs:
+            try:
+                ms = triton.testing.do_bench(functools.partial(run, **kw), warmup=10, rep=40)
+            except Exception as exc:  # a config the compiler rejects (shared memory): skip it
+                print(f"  skip {kw}: {type(exc).__name__}")
+                continue
+            results.append((ms, kw))
+        default_ms = results[0][0]
+        print(f"batch {batch} x context {context} ({gbytes * 1e3:.1f} MB of KV), default splits {default_splits}:")
+        print(f"  default   {default_ms * 1e3:8.1f} us  {gbytes / default_ms:6.2f} TB/s")
+        for ms, kw in sorted(results[1:], key=lambda r: r[0])[: args.top]:
+            print(f"  {ms * 1e3:8.1f} us  {gbytes / ms:6.2f} TB/s  {kw}")
+
+
+if __name__ == "__main__":
+    main()
