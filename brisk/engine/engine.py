@@ -324,14 +324,17 @@ class LLMEngine:
         finished = all(c.finish_reason is not None for c in parent.completions)
         metrics = parent.metrics
         first_req = parent.completions[0].request
-        metrics.first_scheduled_time = min(
-            (c.request.first_scheduled_time for c in parent.completions if c.request.first_scheduled_time),
-            default=None,
-        )
-        metrics.first_token_time = min(
-            (c.request.first_token_time for c in parent.completions if c.request.first_token_time),
-            default=None,
-        )
+        # The earliest child's times; once set they cannot change (later children come later).
+        if metrics.first_scheduled_time is None:
+            metrics.first_scheduled_time = min(
+                (c.request.first_scheduled_time for c in parent.completions if c.request.first_scheduled_time),
+                default=None,
+            )
+        if metrics.first_token_time is None:
+            metrics.first_token_time = min(
+                (c.request.first_token_time for c in parent.completions if c.request.first_token_time),
+                default=None,
+            )
         metrics.last_token_time = now
         if finished:
             metrics.finished_time = now

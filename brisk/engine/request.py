@@ -11,7 +11,9 @@ from brisk.outputs import PositionLogprobs
 from brisk.sampling_params import SamplingParams
 
 
-class RequestStatus(enum.Enum):
+class RequestStatus(enum.IntEnum):
+    """Ordered: every status after PREEMPTED is a finished one (a cheap integer test per token)."""
+
     WAITING = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
@@ -21,11 +23,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (
-            RequestStatus.FINISHED_STOPPED,
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_ABORTED,
-        )
+        return self > RequestStatus.PREEMPTED
 
     @property
     def finish_reason(self) -> str | None:
@@ -34,6 +32,9 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_LENGTH: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
         }.get(self)
+
+
+_PREEMPTED = RequestStatus.PREEMPTED  # the last status of a live request
 
 
 class Request:
@@ -91,7 +92,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status > _PREEMPTED
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
