@@ -1,38 +1,53 @@
-"""AsyncLLM: an asyncio front end over :class:`LLMEngine`, whose loop runs in a dedicated thread.
+"""AsyncLLM: an asyncio front end over an :class:`LLMEngine` that runs in its own process.
 
-Threading model
----------------
-One thread (``brisk-engine``) owns the ``LLMEngine`` and is the only code that touches it. The asyncio loop
-(the HTTP server) talks to it through a thread-safe inbox of commands (add / abort / stop):
+Process model
+-------------
+The engine lives in a child process (``brisk-engine``, started with the "spawn" context; its loop is
+:class:`brisk.engine.core_process.EngineCore`), so scheduling, the model's step, detokenization and building
+outputs never compete with the HTTP server for the GIL. This process keeps what the server needs next to the
+event loop: its own copy of the tokenizer (loaded from the path the child reports), ``max_model_len``, the
+metrics, and one :class:`RequestStream` per request.
 
-* while the engine has work, the thread drains the inbox between steps, calls ``engine.step()`` and hands the
-  step's outputs to the requests' ``asyncio.Queue``s with one ``loop.call_soon_threadsafe`` per step;
-* when the engine is idle, the thread blocks on the inbox (no polling, no busy loop).
+* Commands (add / abort / stop) are batched per event-loop iteration and written to the child's pipe by a
+  sender thread, so a child busy with a long step never blocks the event loop.
+* A reader thread receives the child's messages (one per engine step, carrying all of that step's outputs as
+  deltas), rebuilds the cumulative :class:`RequestOutput`\\ s, records the metrics, and hands the step's
+  deliveries to the requests' ``asyncio.Queue``\\ s with one ``loop.call_soon_threadsafe`` per message.
 
-Every request that is running at a step is computed in that step, so concurrent streams are batched together
-(continuous batching is the scheduler's job; this class only keeps it fed). Tokenization, chat templates,
-detokenized deltas and JSON live on the asyncio side, so they never take the engine thread's time (only the
-GIL). A thread rather than a process keeps the server simple and the outputs zero-copy; a separate process is
-the next step if the HTTP side ever needs more than a core.
+The child drains the commands between steps and blocks on its pipe when idle (no polling). Every request that
+is running at a step is computed in that step, so concurrent streams are batched together (continuous batching
+is the scheduler's job; this class only keeps it fed).
 
-Failure model: ``add_request`` errors (bad prompt, ...) are raised to the caller of
-:meth:`AsyncLLM.add_request` only; an exception from ``engine.step()`` fails the requests in flight (each gets
-an :class:`EngineError`) and the loop carries on; only an error outside those (a bug in this loop) kills the
-thread, after which :attr:`is_alive` is false and new requests are refused.
+Failure model: ``add_request`` errors (bad prompt, ...) are raised to the caller of :meth:`AsyncLLM.add_request`
+only; an exception from ``engine.step()`` fails the requests in flight (each gets an :class:`EngineError`) and
+the loop carries on; an error outside those (a bug in the loop) ends the child, and so does a crash or a kill:
+then :attr:`is_alive` is false, the requests in flight get :class:`EngineDeadError` and new ones are refused.
+The child exits by itself when this process goes away (end of file on its pipe).
+
+"spawn" starts a fresh interpreter that re-imports the main module: a script of your own that creates an
+``AsyncLLM`` must do it under ``if __name__ == "__main__":``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import itertools
 import logging
+import multiprocessing
 import queue
+import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from brisk.outputs import RequestOutput
+from brisk.engine import core_process
+from brisk.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
 
 logger = logging.getLogger("brisk.engine")
@@ -53,7 +68,7 @@ class QueueFullError(RuntimeError):
 
 
 _ACCEPTED = object()
-_STOP = object()
+SHUTDOWN_MESSAGE = "The engine was shut down before this request finished."
 
 
 class RequestStream:
@@ -64,13 +79,62 @@ class RequestStream:
     followed by :meth:`abort` (``async with`` does it).
     """
 
-    def __init__(self, request_id: str, owner: AsyncLLM):
+    def __init__(self, request_id: str, owner: AsyncLLM, prompt: Any = None, arrival_time: float | None = None):
         self.request_id = request_id
         self._owner = owner
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
         self._waiting_counted = False
         self._in_flight = False
+        self.arrival_time = arrival_time if arrival_time is not None else time.time()
+        # What the outputs are rebuilt from (reader thread only, after construction).
+        is_ids = isinstance(prompt, (list, tuple))
+        self._prompt = None if is_ids else prompt
+        self._prompt_token_ids: list[int] = list(prompt) if is_ids else []
+        self._texts: list[str] = []
+        self._token_ids: list[list[int]] = []
+        self._logprobs: list[list[Any] | None] = []
+        self._prompt_logprobs: list[Any] | None = None
+        self._metrics = RequestMetrics(self.arrival_time)
+
+    # reader thread: one ("out", ...) event of the engine process -> the cumulative output
+    def _assemble(self, event: tuple[Any, ...]) -> RequestOutput:
+        _, request_id, finished, completions, timings, num_cached, prompt_token_ids, prompt_logprobs = event
+        if prompt_token_ids is not None:
+            self._prompt_token_ids = prompt_token_ids
+        texts, token_ids, logprobs = self._texts, self._token_ids, self._logprobs
+        if not texts:
+            n = len(completions)
+            texts.extend([""] * n)
+            token_ids.extend([] for _ in range(n))
+            logprobs.extend([None] * n)
+        outs = []
+        for i, (piece, replace, new_ids, new_logprobs, cumulative, finish_reason, stop_reason) in enumerate(
+            completions
+        ):
+            text = texts[i] = piece if replace else texts[i] + piece
+            ids = token_ids[i] = token_ids[i] + new_ids  # a new list: earlier outputs keep theirs
+            if new_logprobs is not None:
+                if logprobs[i] is None:
+                    logprobs[i] = []
+                logprobs[i].extend(new_logprobs)
+            outs.append(CompletionOutput(i, text, ids, cumulative, logprobs[i], finish_reason, stop_reason))
+        if prompt_logprobs is not None:
+            if self._prompt_logprobs is None:
+                self._prompt_logprobs = []
+            self._prompt_logprobs.extend(prompt_logprobs)
+        m = self._metrics
+        m.arrival_time, m.first_scheduled_time, m.first_token_time, m.last_token_time, m.finished_time = timings
+        return RequestOutput(
+            request_id=request_id,
+            prompt=self._prompt,
+            prompt_token_ids=self._prompt_token_ids,
+            outputs=outs,
+            finished=finished,
+            metrics=m,
+            prompt_logprobs=self._prompt_logprobs,
+            num_cached_tokens=num_cached,
+        )
 
     # loop thread
     def _put(self, item: Any) -> None:
@@ -111,60 +175,152 @@ class RequestStream:
         self.abort()
 
 
-class AsyncLLM:
-    """Runs an ``LLMEngine`` in its own thread and serves requests to asyncio code.
+class _CallWaiter:
+    """Where the result of :meth:`AsyncLLM.call_engine` is delivered (like a stream, through ``_put``)."""
 
-    ``max_waiting_requests`` bounds the requests accepted but not yet producing tokens (queued in the inbox,
-    waiting in the scheduler or in their prefill); beyond it :meth:`add_request` raises
+    def __init__(self, future: asyncio.Future):
+        self.future = future
+
+    def _put(self, item: Any) -> None:
+        if self.future.done():
+            return
+        if isinstance(item, BaseException):
+            self.future.set_exception(item)
+        else:
+            self.future.set_result(item)
+
+
+class AsyncLLM:
+    """Runs an ``LLMEngine`` built from ``engine_args`` in a child process and serves requests to asyncio code.
+
+    The constructor starts the process and returns once the engine is ready; an engine that cannot start
+    raises the child's error here (``ValueError``, ``FileNotFoundError``, ``RuntimeError``, ... with its
+    message). ``engine_cls`` picks another engine class (a subclass of ``LLMEngine``, given as an importable
+    class or ``"module:Class"``; tests use it to inject faults).
+
+    ``max_waiting_requests`` bounds the requests accepted but not yet producing tokens (on their way to the
+    engine, waiting in the scheduler or in their prefill); beyond it :meth:`add_request` raises
     :class:`QueueFullError`.
     """
 
     def __init__(
         self,
-        engine: Any,
+        engine_args: Any,
         *,
+        engine_cls: Any = None,
         max_waiting_requests: int | None = None,
         metrics: Any | None = None,
         stats_interval_s: float = 0.1,
     ):
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.max_model_len: int = engine.max_model_len
-        self.vocab_size: int | None = _vocab_size(engine)
+        self.engine_args = engine_args
         self.max_waiting_requests = max_waiting_requests
         self.metrics = metrics
-        self._stats_interval_s = stats_interval_s
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._streams: dict[str, RequestStream] = {}  # engine thread only
+        self.tokenizer: Any = None
+        self.max_model_len: int = 0
+        self.vocab_size: int | None = None
+        self.engine_pid: int | None = None
+        self.last_stats: Any = None  # the engine's latest EngineStats
+        self.num_steps = 0
+        self._streams: dict[str, Any] = {}  # request id (or call id) -> RequestStream / _CallWaiter
         self._num_waiting = 0  # loop thread only
         self._num_in_flight = 0  # loop thread only
-        self._error: BaseException | None = None
-        self._stopped = False
-        self._last_stats_time = 0.0
-        self.num_steps = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+        self._pending: list[tuple[Any, ...]] = []  # commands of this event-loop iteration, not yet handed over
+        self._outbox: queue.SimpleQueue[list[tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
+        self._call_ids = itertools.count()
+        self._error: str | None = None  # why the engine died
+        self._stopped = False  # shutdown() was called
+        self._stop_sent = False
+        self._gone = False  # the engine process has exited (reader thread saw the end of its pipe)
+        self._proc: Any = None
+        self._start_process(engine_args, engine_cls, stats_interval_s)
 
     @classmethod
     def from_engine_args(cls, engine_args: Any, **kwargs: Any) -> AsyncLLM:
-        from brisk.engine.engine import LLMEngine
+        return cls(engine_args, **kwargs)
 
-        return cls(LLMEngine.from_engine_args(engine_args), **kwargs)
+    # ------------------------------------------------------------------------------------------
+    # the engine process
+
+    def _start_process(self, engine_args: Any, engine_cls: Any, stats_interval_s: float) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        cmd_recv, cmd_send = ctx.Pipe(duplex=False)
+        out_recv, out_send = ctx.Pipe(duplex=False)
+        self._cmd_conn, self._out_conn = cmd_send, out_recv
+        self._proc = ctx.Process(
+            target=core_process.run_engine_core,
+            name="brisk-engine",
+            args=(engine_args, engine_cls, cmd_recv, out_send, _log_config(), stats_interval_s),
+            daemon=True,  # terminated at exit if we never got to shut it down
+        )
+        try:
+            self._proc.start()
+            # Our copies of the child's ends are closed, so its exit reads as the end of its pipe here.
+            cmd_recv.close()
+            out_send.close()
+            preload = _TokenizerPreload(engine_args)  # overlaps with the child's startup
+            try:
+                message = self._out_conn.recv()
+            except EOFError:
+                self._proc.join(5)
+                raise RuntimeError(
+                    f"The engine process exited during startup ({_describe_exit(self._proc.exitcode)}); "
+                    "see the log above."
+                ) from None
+            if message[0] == core_process.FAILED:
+                raise _startup_error(message[1])
+            info = message[1]
+            self.max_model_len = info["max_model_len"]
+            self.vocab_size = info["vocab_size"]
+            self.engine_pid = info["pid"]
+            if info["has_tokenizer"]:
+                self.tokenizer = preload.get(info["tokenizer_path"])
+        except BaseException as exc:
+            self._kill(timeout_s=0 if isinstance(exc, KeyboardInterrupt) else 5)
+            raise
+
+    def _kill(self, timeout_s: float = 5.0) -> None:
+        """Make sure the engine process is gone and reaped: close its command pipe (it exits at the end of
+        file), wait up to ``timeout_s``, then terminate, then kill."""
+        with contextlib.suppress(Exception):
+            self._cmd_conn.close()
+        proc = self._proc
+        if proc is not None and proc.pid is not None:
+            proc.join(timeout_s)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        if self._reader is None:  # else the reader thread owns it (and ends at its end of file)
+            with contextlib.suppress(Exception):
+                self._out_conn.close()
 
     # ------------------------------------------------------------------------------------------
     # lifecycle (call from the event loop)
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._reader is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="brisk-engine", daemon=True)
-        self._thread.start()
+        self._loop_thread = threading.get_ident()
+        self._reader = threading.Thread(target=self._read, name="brisk-engine-reader", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="brisk-engine-sender", daemon=True)
+        self._reader.start()
+        self._sender.start()
 
     @property
     def is_alive(self) -> bool:
         return (
-            self._thread is not None and self._thread.is_alive() and not self._stopped and self._error is None
+            self._reader is not None
+            and not self._stopped
+            and self._error is None
+            and not self._gone
+            and self._proc.is_alive()
         )
 
     @property
@@ -176,16 +332,20 @@ class AsyncLLM:
         return self._num_waiting
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine thread; requests still in flight end with :class:`EngineDeadError`."""
+        """Stop the engine process; requests still in flight end with :class:`EngineDeadError`."""
         self._stopped = True
-        if self._thread is None:
-            return
-        self._inbox.put(_STOP)
+        if not self._stop_sent:
+            self._stop_sent = True
+            self._send(("stop",))
+            self._flush()
         deadline = time.monotonic() + timeout_s
-        while self._thread.is_alive() and time.monotonic() < deadline:
+        reader = self._reader
+        while ((reader is not None and reader.is_alive()) or self._proc.is_alive()) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if self._thread.is_alive():
-            logger.warning("Engine thread did not stop within %.1f s", timeout_s)
+        if self._proc.is_alive():
+            logger.warning("The engine process did not stop within %.1f s: terminating it", timeout_s)
+        self._kill(timeout_s=0)
+        self._outbox.put(None)  # ends the sender thread
 
     # ------------------------------------------------------------------------------------------
     # requests (call from the event loop)
@@ -202,6 +362,8 @@ class AsyncLLM:
         Raises ``ValueError`` (the engine rejected the request: its message is for the client),
         :class:`QueueFullError` or :class:`EngineDeadError`.
         """
+        if self._reader is None:
+            self.start()
         if not self.is_alive:
             raise EngineDeadError(self._dead_message())
         if self.max_waiting_requests is not None and self._num_waiting >= self.max_waiting_requests:
@@ -209,11 +371,15 @@ class AsyncLLM:
                 f"The server is overloaded: {self._num_waiting} requests are already waiting "
                 f"(--max-waiting-requests {self.max_waiting_requests}). Retry later."
             )
-        stream = RequestStream(request_id, self)
+        if request_id in self._streams:
+            raise ValueError(f"Request id {request_id!r} is already in use.")
+        arrival = arrival_time or time.time()
+        stream = RequestStream(request_id, self, prompt, arrival)
         stream._waiting_counted = stream._in_flight = True
         self._num_waiting += 1
         self._num_in_flight += 1
-        self._inbox.put(("add", request_id, prompt, params, arrival_time or time.time(), stream))
+        self._streams[request_id] = stream
+        self._send(("add", request_id, prompt, params, arrival))
         try:
             first = await stream._queue.get()
         except BaseException:
@@ -236,146 +402,182 @@ class AsyncLLM:
             stream.abort()
 
     def abort(self, request_ids: str | Iterable[str]) -> None:
+        """Abort requests (safe from any thread); their streams end with :class:`EngineError`."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        if ids:
-            self._inbox.put(("abort", ids))
+        if not ids or self._gone:
+            return
+        if threading.get_ident() == self._loop_thread or self._loop is None:
+            self._send(("abort", ids))
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is left to abort
+                self._loop.call_soon_threadsafe(self._send, ("abort", ids))
+
+    async def call_engine(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``engine.method(*args, **kwargs)`` in the engine process, between two steps; returns its (picklable)
+        result. For tests and diagnostics: an exception in the call is raised here as :class:`EngineError`."""
+        if self._reader is None:
+            self.start()
+        if not self.is_alive:
+            raise EngineDeadError(self._dead_message())
+        call_id = f"call-{next(self._call_ids)}"
+        future = asyncio.get_running_loop().create_future()
+        self._streams[call_id] = _CallWaiter(future)
+        self._send(("call", call_id, method, args, kwargs))
+        return await future
 
     def _dead_message(self) -> str:
         if self._error is not None:
-            return f"The engine loop died ({type(self._error).__name__}: {self._error}); restart the server."
+            return f"The engine {self._error}; restart the server."
+        if not self._stopped and self._reader is not None and not self._proc.is_alive():  # not yet seen by the reader
+            return f"The engine process died unexpectedly ({_describe_exit(self._proc.exitcode)}); restart the server."
         return "The engine is shutting down and accepts no new requests."
 
     # ------------------------------------------------------------------------------------------
-    # the engine thread
+    # commands: batched per event-loop iteration, written by the sender thread
 
-    def _run(self) -> None:
-        engine = self.engine
+    def _send(self, command: tuple[Any, ...]) -> None:
+        self._pending.append(command)
+        if len(self._pending) == 1:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon(self._flush)
+            else:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            batch, self._pending = self._pending, []
+            if self._sender is not None:
+                self._outbox.put(batch)
+            else:  # not started: write it ourselves
+                self._write(batch)
+
+    def _send_loop(self) -> None:
+        outbox = self._outbox
+        while True:
+            batch = outbox.get()
+            if batch is None:
+                return
+            done = False
+            while True:
+                try:
+                    more = outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    done = True
+                    break
+                batch.extend(more)
+            self._write(batch)
+            if done:
+                return
+
+    def _write(self, batch: list[tuple[Any, ...]]) -> None:
+        try:
+            self._cmd_conn.send(batch)
+        except OSError:
+            pass  # the engine process is gone: the reader thread reports it
+        except Exception:
+            if self._gone or self._stop_sent:  # the pipe was closed under us: nobody is listening
+                return
+            if len(batch) > 1:  # one command could not be pickled: send the others, fail that one
+                for command in batch:
+                    self._write([command])
+                return
+            logger.exception("Sending a command to the engine process failed")
+            command = batch[0]
+            stream = self._streams.pop(command[1], None) if command[0] in ("add", "call") else None
+            if stream is not None:
+                why = f"{type(sys.exc_info()[1]).__name__}: {sys.exc_info()[1]}"
+                error = EngineError(f"The request could not be sent to the engine ({why}).")
+                self._deliver([(stream, error)])
+
+    # ------------------------------------------------------------------------------------------
+    # the reader thread
+
+    def _read(self) -> None:
+        conn = self._out_conn
         try:
             while True:
-                commands = []
-                if not engine.has_unfinished_requests():
-                    self._publish_stats(force=True)
-                    commands.append(self._inbox.get())  # idle: block until there is something to do
-                while True:
-                    try:
-                        commands.append(self._inbox.get_nowait())
-                    except queue.Empty:
-                        break
-                deliveries: list[tuple[RequestStream, Any]] = []
-                for command in commands:
-                    if command is _STOP:
-                        self._stop_all(deliveries)
-                        self._deliver(deliveries)
-                        return
-                    self._handle(command, deliveries)
-                if engine.has_unfinished_requests():
-                    try:
-                        outputs = engine.step()
-                    except Exception as exc:
-                        logger.exception(
-                            "engine.step() failed; failing the %d requests in flight", len(self._streams)
-                        )
-                        self._fail_all(exc, deliveries)
-                    else:
-                        self.num_steps += 1
-                        if self.metrics is not None:
-                            self.metrics.engine_steps.inc()
-                        self._route(outputs, deliveries)
-                # Stats first: a client that just got its last token and then scrapes /metrics must see them.
-                self._publish_stats(force=not engine.has_unfinished_requests())
-                self._deliver(deliveries)
-                # Hand the GIL over between steps, so the HTTP thread can stream these outputs and bring in
-                # new requests (they join the next step's batch) instead of waiting for a forced switch.
-                time.sleep(0)
-        except BaseException as exc:  # a bug in this loop: die loudly, never hang the clients
-            logger.exception("The engine loop died")
-            self._error = exc
-            deliveries = []
-            self._stop_all(deliveries, EngineDeadError(self._dead_message()))
-            self._deliver(deliveries)
+                message = conn.recv()
+                kind = message[0]
+                if kind == core_process.STEP:
+                    self._on_step(message[1], message[2], message[3])
+                elif kind == core_process.DEAD:
+                    self._error = f"loop died ({message[1]})"
+                elif kind == core_process.STOPPED:
+                    pass  # the end of the pipe follows
+        except (EOFError, OSError):
+            pass
+        except BaseException:
+            logger.exception("Reading from the engine process failed")
+            if self._error is None:
+                self._error = "process could not be read from"
+        finally:
+            self._on_engine_gone()
 
-    def _handle(self, command: tuple[Any, ...], deliveries: list[tuple[RequestStream, Any]]) -> None:
-        if command[0] == "add":
-            _, request_id, prompt, params, arrival, stream = command
-            if request_id in self._streams:
-                deliveries.append((stream, ValueError(f"Request id {request_id!r} is already in use.")))
-                return
-            try:
-                self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
-            except ValueError as exc:  # the request's fault: its message is for the client
-                deliveries.append((stream, exc))
-                return
-            except Exception as exc:  # the engine's fault: log it, fail this request only
-                logger.exception("engine.add_request failed")
-                why = f"{type(exc).__name__}: {exc}"
-                error = EngineError(f"The engine could not accept this request ({why}).")
-                deliveries.append((stream, error))
-                return
-            self._streams[request_id] = stream
-            if self.metrics is not None:
-                self.metrics.on_add(request_id, arrival)
-            deliveries.append((stream, _ACCEPTED))
-        elif command[0] == "abort":
-            ids = [rid for rid in command[1] if rid in self._streams]
-            if not ids:
-                return
-            try:
-                self.engine.abort_request(ids)
-            except Exception:
-                logger.exception("engine.abort_request failed")
-            for rid in ids:
-                stream = self._streams.pop(rid)
-                deliveries.append((stream, EngineError(f"Request {rid} was aborted.")))
-                if self.metrics is not None:
-                    self.metrics.on_abort(rid)
-
-    def _route(self, outputs: list[RequestOutput], deliveries: list[tuple[RequestStream, Any]]) -> None:
-        for output in outputs:
-            stream = self._streams.get(output.request_id)
+    def _on_step(self, events: list[tuple[Any, ...]], stats: Any, stepped: bool) -> None:
+        """One step of the engine: rebuild its outputs, record the metrics, hand the step to the event loop."""
+        streams, record = self._streams, self._record
+        deliveries: list[tuple[Any, Any]] = []
+        outputs: list[RequestOutput] = []
+        for event in events:
+            kind, rid = event[0], event[1]
+            if kind == "out":
+                stream = streams.get(rid)
+                if stream is None:
+                    continue
+                output = stream._assemble(event)
+                if output.finished:
+                    del streams[rid]
+                deliveries.append((stream, output))
+                outputs.append(output)
+                continue
+            if outputs:  # keep the metrics in the engine's order
+                record("on_outputs", outputs)
+                outputs = []
+            stream = streams.get(rid) if kind == "accepted" else streams.pop(rid, None)
             if stream is None:
                 continue
-            if output.finished:
-                del self._streams[output.request_id]
-            deliveries.append((stream, output))
-        if self.metrics is not None:
-            try:
-                self.metrics.on_outputs(outputs)
-            except Exception:
-                logger.exception("Recording metrics failed")
-
-    def _fail_all(self, exc: BaseException, deliveries: list[tuple[RequestStream, Any]]) -> None:
-        ids = list(self._streams)
-        with contextlib.suppress(Exception):
-            self.engine.abort_request(ids)
-        error = EngineError(f"The engine failed while computing this request ({type(exc).__name__}: {exc}).")
-        for rid in ids:
-            deliveries.append((self._streams.pop(rid), error))
+            if kind == "accepted":
+                deliveries.append((stream, _ACCEPTED))
+                record("on_add", rid, stream.arrival_time)
+            elif kind == "rejected":
+                deliveries.append((stream, _rejection(event[2], event[3])))
+            elif kind == "failed":
+                deliveries.append((stream, EngineError(event[2])))
+                record("on_error", rid)
+            elif kind == "aborted":
+                deliveries.append((stream, EngineError(f"Request {rid} was aborted.")))
+                record("on_abort", rid)
+            elif kind == "shutdown":
+                deliveries.append((stream, EngineDeadError(SHUTDOWN_MESSAGE)))
+                record("on_abort", rid)
+            elif kind == "result":
+                ok, value = event[2], event[3]
+                deliveries.append((stream, value if ok else EngineError(value)))
+        if outputs:
+            record("on_outputs", outputs)
+        if stepped:
+            self.num_steps += 1
             if self.metrics is not None:
-                self.metrics.on_error(rid)
+                self.metrics.engine_steps.inc()
+        if stats is not None:
+            self.last_stats = stats
+            record("on_stats", stats)
+        # Metrics first: a client that just got its last token and then scrapes /metrics must see them.
+        self._deliver(deliveries)
 
-    def _stop_all(
-        self, deliveries: list[tuple[RequestStream, Any]], error: BaseException | None = None
-    ) -> None:
-        error = error or EngineDeadError("The engine was shut down before this request finished.")
-        ids = list(self._streams)
-        if ids:
-            with contextlib.suppress(Exception):
-                self.engine.abort_request(ids)
-        for rid in ids:
-            deliveries.append((self._streams.pop(rid), error))
-            if self.metrics is not None:
-                self.metrics.on_abort(rid)
-        # Requests still in the inbox were never added: refuse them too.
-        while True:
-            try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, tuple) and command[0] == "add":
-                deliveries.append((command[-1], error))
-        self._publish_stats(force=True)
+    def _record(self, hook: str, *args: Any) -> None:
+        metrics = self.metrics
+        if metrics is None:
+            return
+        try:
+            getattr(metrics, hook)(*args)
+        except Exception:
+            logger.exception("Recording metrics failed")
 
-    def _deliver(self, deliveries: list[tuple[RequestStream, Any]]) -> None:
+    def _deliver(self, deliveries: list[tuple[Any, Any]]) -> None:
         if not deliveries:
             return
         loop = self._loop
@@ -384,29 +586,127 @@ class AsyncLLM:
         with contextlib.suppress(RuntimeError):  # the loop closed under us (process exit)
             loop.call_soon_threadsafe(_deliver_batch, deliveries)
 
-    def _publish_stats(self, force: bool = False) -> None:
-        if self.metrics is None:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_stats_time < self._stats_interval_s:
-            return
-        self._last_stats_time = now
-        try:
-            self.metrics.on_stats(self.engine.get_stats())
-        except Exception:
-            logger.exception("Reading engine stats failed")
+    def _on_engine_gone(self) -> None:
+        """The engine process has exited, or cannot be read from: end everything still waiting on it."""
+        proc = self._proc
+        if not self._stop_sent:  # after a stop, shutdown() waits for the process to exit
+            proc.join(2.0)  # it has closed its pipe: it is exiting (and the exit code tells how)
+            if self._error is None:
+                self._error = f"process died unexpectedly ({_describe_exit(proc.exitcode)})"
+                logger.error("The engine process died unexpectedly (%s)", _describe_exit(proc.exitcode))
+            if proc.is_alive():  # we cannot read it any more: it is of no use
+                proc.terminate()
+        self._gone = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._fail_leftovers)
+                return
+        self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        """Loop thread (no add_request can interleave): every stream and call not ended by the engine."""
+        error = EngineDeadError(self._dead_message() if self._error is not None else SHUTDOWN_MESSAGE)
+        leftovers = list(self._streams.items())
+        self._streams.clear()
+        for rid, stream in leftovers:
+            stream._put(error)
+            if isinstance(stream, RequestStream):
+                self._record("on_abort" if self._error is None else "on_error", rid)
+        if self._error is not None:
+            self._record("on_stats", SimpleNamespace(num_running=0, num_waiting=0, kv_cache_usage=0.0))
 
 
-def _vocab_size(engine: Any) -> int | None:
-    """The model's vocabulary size (its embedding rows), else the tokenizer's; None when neither is known."""
-    hf_config = getattr(getattr(engine, "model_config", None), "hf_config", None)
-    size = getattr(hf_config, "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    tokenizer = getattr(engine, "tokenizer", None)
-    return len(tokenizer) if tokenizer is not None else None
+# ------------------------------------------------------------------------------------------
 
 
-def _deliver_batch(deliveries: list[tuple[RequestStream, Any]]) -> None:
+def _deliver_batch(deliveries: list[tuple[Any, Any]]) -> None:
     for stream, item in deliveries:
         stream._put(item)
+
+
+def _rejection(kind: str, message: str) -> BaseException:
+    if kind == "value":
+        return ValueError(message)
+    if kind == "dead":
+        return EngineDeadError(message)
+    return EngineError(message)
+
+
+def _startup_error(error: dict[str, str]) -> BaseException:
+    """The child's startup exception, re-created for the CLI's one-line report."""
+    base = getattr(builtins, error.get("base") or "", None)
+    if isinstance(base, type) and issubclass(base, Exception):
+        with contextlib.suppress(Exception):
+            return base(error["message"])
+    return RuntimeError(f"The engine failed to start ({error['type']}: {error['message']}).")
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-exitcode).name}"
+        return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _log_config() -> dict[str, Any] | None:
+    """The root logger's level and the first handler's format, for the engine process to log alike."""
+    root = logging.getLogger()
+    if not root.handlers:
+        return None
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    return {
+        "level": root.getEffectiveLevel(),
+        "format": getattr(formatter, "_fmt", None),
+        "datefmt": getattr(formatter, "datefmt", None),
+    }
+
+
+class _TokenizerPreload:
+    """Loads, in a thread and while the engine process starts, the tokenizer the engine will most likely
+    report (``--tokenizer``, or the model when it is an HF folder); :meth:`get` returns the one it reports.
+
+    The HTTP side needs its own copy of the engine's tokenizer (tokenizing, chat templates); importing
+    transformers' tokenizer classes and the first load take seconds on a small machine, so they overlap with
+    the child's startup instead of following it."""
+
+    def __init__(self, engine_args: Any):
+        self._guess = _guess_tokenizer_path(engine_args)
+        self._tokenizer: Any = None
+        self._thread = threading.Thread(target=self._load, name="brisk-tokenizer-preload", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        with contextlib.suppress(Exception):
+            from transformers import AutoTokenizer
+
+            if self._guess is not None:
+                self._tokenizer = AutoTokenizer.from_pretrained(self._guess)
+
+    def get(self, path: str | None) -> Any:
+        self._thread.join()
+        if path is None:
+            return None
+        if path == self._guess and self._tokenizer is not None:
+            return self._tokenizer
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def _guess_tokenizer_path(engine_args: Any) -> str | None:
+    """The path the engine loads its tokenizer from, when it is plain to see (else None)."""
+    tokenizer = getattr(engine_args, "tokenizer", None)
+    if tokenizer:
+        return str(tokenizer)
+    model = getattr(engine_args, "model", None)
+    if model is None:
+        return None
+    path = Path(str(model).strip()).expanduser()
+    return str(path) if (path / "config.json").is_file() else None

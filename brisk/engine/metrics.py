@@ -1,7 +1,8 @@
 """Prometheus metrics of a serving engine (prefix ``brisk:``), on a registry of their own.
 
 Names follow vLLM's (``vllm:`` -> ``brisk:``) so existing dashboards need only the prefix changed. Everything
-is fed from the engine thread: :meth:`EngineMetrics.on_add` when a request is accepted, :meth:`on_outputs`
+is fed from one thread (in the server, ``AsyncLLM``'s reader of the engine process's messages):
+:meth:`EngineMetrics.on_add` when a request is accepted, :meth:`on_outputs`
 after each step, :meth:`on_abort` / :meth:`on_error` when a request ends early, :meth:`on_stats` with the
 engine's :class:`EngineStats` (gauges, and deltas of its cumulative counters). prometheus-client objects are
 thread-safe, so the HTTP thread can render them at any time.

@@ -137,6 +137,66 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+# ---- processes (Linux /proc): the server's engine process, and what is left after it exits --------------------
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    children, out, todo = _children_by_parent(), [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has exited: only its parent's wait() is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def engine_pid(server: ServerProcess) -> int:
+    """The pid of the server's engine process (started by multiprocessing's spawn)."""
+    (pid,) = [p for p in descendants(server.proc.pid) if "spawn_main" in cmdline(p)]
+    return pid
+
+
+def wait_gone(pids: list[int], timeout: float = 20.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if running(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if running(p)]
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory) -> str:
     return tiny_model_factory("llama")

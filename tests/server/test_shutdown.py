@@ -1,16 +1,17 @@
 """SIGTERM: the server stops accepting, lets the stream in flight finish (or, past --shutdown-timeout, ends it
-with an error event and [DONE]), then exits 0."""
+with an error event and [DONE]), stops its engine process, then exits 0 leaving no process behind."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL_NAME, ServerProcess
+from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine_pid, wait_gone
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,9 @@ def _stream_through_sigterm(server: ServerProcess, body: dict) -> tuple[list[dic
 
 def test_sigterm_lets_the_stream_finish(servers):
     patient, _ = servers
+    children = descendants(patient.proc.pid)
+    engine = engine_pid(patient)
+    assert engine in children
     body = {"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": True}
     events, done = _stream_through_sigterm(patient, {**body, "temperature": 0, "stream": True})
     assert done
@@ -61,10 +65,14 @@ def test_sigterm_lets_the_stream_finish(servers):
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert patient.proc.wait(timeout=30) == 0
     assert "Traceback" not in patient.logs()
+    # Nothing is left running; the engine process was even reaped (waited for) by the server before it exited.
+    assert wait_gone(children, timeout=2) == []
+    assert not os.path.exists(f"/proc/{engine}")
 
 
 def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
     _, hasty = servers
+    children = descendants(hasty.proc.pid)
     # Far more work than one second: 16 completions of 400 tokens.
     body = {"model": MODEL_NAME, "prompt": "Once", "max_tokens": 400, "n": 16, "ignore_eos": True}
     started = time.monotonic()
@@ -76,3 +84,4 @@ def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
     logs = hasty.logs()
     assert "Shutdown timeout: ending the 1 requests still in flight" in logs
     assert "Traceback" not in logs
+    assert wait_gone(children, timeout=2) == []
