@@ -33,15 +33,19 @@ class TorchAttentionImpl(AttentionImpl):
             k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]  # [seq_len, kv_heads, head]
             v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
             q = query[q_start:q_end]
-            # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it.
-            q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
-            k_pos = torch.arange(seq_len, device=query.device)
-            mask = k_pos[None, :] <= q_pos[:, None]
+            # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it. A
+            # single query sees every key and a whole prompt is plain causal: no mask tensor, so SDPA may take
+            # its fused kernels; a chunk after cached tokens needs the offset mask.
+            mask, causal = None, query_len == seq_len and query_len > 1
+            if 1 < query_len < seq_len:
+                q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
+                mask = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1).to(k.dtype),
                 k.transpose(0, 1),
                 v.transpose(0, 1),
                 attn_mask=mask,
+                is_causal=causal,
                 scale=self.scale,
                 enable_gqa=self.num_heads != self.num_kv_heads,
             )
