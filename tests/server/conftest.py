@@ -7,6 +7,7 @@ own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -119,6 +121,20 @@ class ServerProcess:
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+@contextlib.contextmanager
+def started_together(model_dir: str, *args_per_server: tuple[str, ...]) -> Iterator[list[ServerProcess]]:
+    """Servers without an API key, started at once (startup is mostly imports and loading, so they overlap
+    well), ready when entered and killed on exit."""
+    servers = [ServerProcess(model_dir, *args, api_key=None, wait=False) for args in args_per_server]
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield servers
+    finally:
+        for server in servers:
+            server.stop(signal.SIGKILL)
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -13,21 +13,13 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine_pid, running, wait_gone
+from tests.server.conftest import MODEL_NAME, descendants, engine_pid, running, started_together, wait_gone
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir):
-    # Started together: startup is mostly imports and loading, so they overlap well.
-    victim = ServerProcess(tiny_model_dir, api_key=None, wait=False)
-    orphan_maker = ServerProcess(tiny_model_dir, api_key=None, wait=False)
-    try:
-        victim.wait_ready()
-        orphan_maker.wait_ready()
+    with started_together(tiny_model_dir, (), ()) as (victim, orphan_maker):
         yield victim, orphan_maker
-    finally:
-        victim.stop(signal.SIGKILL)
-        orphan_maker.stop(signal.SIGKILL)
 
 
 def test_engine_logs_reach_the_server_stderr(servers):

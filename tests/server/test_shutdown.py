@@ -11,21 +11,13 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine_pid, wait_gone
+from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine_pid, started_together, wait_gone
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir):
-    # Both start at once: startup is mostly imports and loading, so they overlap well.
-    patient = ServerProcess(tiny_model_dir, "--shutdown-timeout", "60", api_key=None, wait=False)
-    hasty = ServerProcess(tiny_model_dir, "--shutdown-timeout", "1", api_key=None, wait=False)
-    try:
-        patient.wait_ready()
-        hasty.wait_ready()
-        yield patient, hasty
-    finally:
-        patient.stop(signal.SIGKILL)
-        hasty.stop(signal.SIGKILL)
+    with started_together(tiny_model_dir, ("--shutdown-timeout", "60"), ("--shutdown-timeout", "1")) as servers:
+        yield servers
 
 
 def _stream_through_sigterm(server: ServerProcess, body: dict) -> tuple[list[dict], bool]:
