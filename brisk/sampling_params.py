@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 _MAX_LOGPROBS = 20
@@ -105,3 +106,13 @@ class SamplingParams:
     @property
     def max_stop_string_len(self) -> int:
         return max((len(s) for s in self.stop), default=0)
+
+
+_FIELD_ERROR = re.compile(r"^SamplingParams\.(\w+) ")
+
+
+def error_field(message: str) -> tuple[str | None, str]:
+    """The field a ``SamplingParams`` ValueError names and the message after ``SamplingParams.<field> ``, so a
+    front end can name it in its own terms (a CLI flag, a request parameter); ``(None, message)`` otherwise."""
+    match = _FIELD_ERROR.match(message)
+    return (match.group(1), message[match.end() :]) if match else (None, message)

@@ -1,7 +1,13 @@
+import os
+
 import pytest
 import torch
 
-from tests.tiny_models import make_tiny_model
+# Without a GPU, Triton kernels run in its interpreter; the variable must be set before triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tests.tiny_models import make_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models: threads only add contention
 

@@ -274,23 +274,20 @@ class LLMEngine:
             req = self.scheduler.requests.get(request_id)
             if req is not None and len(req.prompt_logprobs) == start:
                 req.prompt_logprobs.extend(entries)
+        live: list[tuple[Request, int]] = []  # sampled tokens of requests still running (not aborted meanwhile)
         for entry, token, lps, lp in zip(
             schedule.scheduled, result.sampled_token_ids, result.logprobs, result.chosen_logprobs
         ):
             request = entry.request
             if token is None or request.is_finished:
                 continue
+            live.append((request, token))
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
             if lps is not None:
                 request.logprobs.append(lps)
                 request.cumulative_logprob += lp
-        live = [
-            (entry.request, token)
-            for entry, token in zip(schedule.scheduled, result.sampled_token_ids)
-            if token is not None and not entry.request.is_finished
-        ]
         self.scheduler.update_from_output(schedule, result.sampled_token_ids)
         timer.mark("update")
 

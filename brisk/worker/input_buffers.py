@@ -14,6 +14,13 @@ import torch
 from brisk.layers.attention.backend import AttentionMetadata
 
 
+def to_device_async(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without blocking the host (pinned staging memory on GPUs)."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
         self.device = device

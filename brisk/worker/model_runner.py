@@ -21,7 +21,7 @@ from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.worker.cuda_graphs import DecodeGraphs
 from brisk.worker.forward_context import set_forward_context
-from brisk.worker.input_buffers import InputBuffers
+from brisk.worker.input_buffers import InputBuffers, to_device_async
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
 logger = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class ModelRunner:
                 rows = hidden
             else:
                 index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
-                rows = hidden[_to_device(index, self.device)]
+                rows = hidden[to_device_async(index, torch.int64, self.device)]
             requests = [out.scheduled[i].request for i in sample_rows]
             result = self.sampler(self.model.compute_logits(rows), requests)
             logprobs, chosen = result.logprobs, result.chosen_logprobs
@@ -257,13 +257,6 @@ class ModelRunner:
             targets = request.prompt_token_ids[first + 1 : last + 1]
             result[request.request_id] = (first + 1, prompt_position_logprobs(lps, targets, k))
         return result
-
-
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """A host list on the device without waiting for the device (pinned staging memory on GPUs)."""
-    if device.type == "cpu":
-        return torch.tensor(values)
-    return torch.tensor(values, pin_memory=True).to(device, non_blocking=True)
 
 
 def _single_sequence_metadata(num_tokens: int, block_size: int, device: torch.device) -> AttentionMetadata:

@@ -15,6 +15,7 @@ import torch
 from brisk.engine.request import Request
 from brisk.outputs import Logprob, PositionLogprobs
 from brisk.sampling_params import SamplingParams
+from brisk.worker.input_buffers import to_device_async
 
 
 @dataclass
@@ -60,8 +61,8 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.de
     """Mask logits outside top-k, the top-p nucleus, and below min_p times the top probability. The checks for
     which filters apply read the host-side params, so no step waits on the device for them."""
     if any(p.top_k > 0 or p.top_p < 1 for p in params):
-        top_k = _device_tensor([p.top_k for p in params], torch.int64, device)
-        top_p = _device_tensor([p.top_p for p in params], torch.float32, device)
+        top_k = to_device_async([p.top_k for p in params], torch.int64, device)
+        top_p = to_device_async([p.top_p for p in params], torch.float32, device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         vocab = logits.shape[-1]
         k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
@@ -74,7 +75,7 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.de
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     if any(p.min_p > 0 for p in params):
-        min_p = _device_tensor([p.min_p for p in params], torch.float32, device)
+        min_p = to_device_async([p.min_p for p in params], torch.float32, device)
         probs = logits.softmax(dim=-1)
         threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < threshold, float("-inf"))
@@ -91,13 +92,6 @@ def _fusable(params: SamplingParams, generator: torch.Generator | None) -> bool:
         and params.min_tokens == 0
         and params.logprobs is None
     )
-
-
-def _device_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on the device without blocking the host (pinned staging memory on GPUs)."""
-    if device.type == "cpu":
-        return torch.tensor(values, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def _fused_sampling_module(device: torch.device):
@@ -145,13 +139,13 @@ class Sampler:
     def _sample_fused(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """Plain temperature / greedy rows: one kernel pass over the logits."""
         temps = [0.0 if r.sampling_params.greedy else r.sampling_params.temperature for r in requests]
-        temperature = _device_tensor(temps, torch.float32, self.device)
+        temperature = to_device_async(temps, torch.float32, self.device)
         return SamplerOutput(self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31)), None, None)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
         params = [r.sampling_params for r in requests]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
-        temperature = _device_tensor(temps, torch.float32, self.device)
+        temperature = to_device_async(temps, torch.float32, self.device)
         logits = _filter(logits / temperature[:, None], params, self.device)
         probs = logits.softmax(dim=-1)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own stream.
@@ -163,7 +157,7 @@ class Sampler:
         sampled = (probs / noise).argmax(dim=-1)
         if not any(greedy):
             return sampled
-        return torch.where(_device_tensor(greedy, torch.bool, self.device), greedy_ids, sampled)
+        return torch.where(to_device_async(greedy, torch.bool, self.device), greedy_ids, sampled)
 
     @staticmethod
     def _gather_logprobs(raw: torch.Tensor, chosen_ids: torch.Tensor, requests: list[Request], rows: list[int]):

@@ -1,16 +1,10 @@
 """The Triton attention backend against the torch reference, on tiny shapes.
 
-Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported).
+Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, set in tests/conftest.py).
 """
 
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import pytest  # noqa: E402
+import torch
 
 pytest.importorskip("triton")
 
@@ -169,9 +163,7 @@ def test_decode_split_kv_matches_reference(num_heads, num_kv_heads, head_size, b
     step = (md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs)
     for num_splits in (1, 4):
         out = torch.full_like(q, float("nan"))
-        tk.decode_attention(
-            q, cache, out, *step, md.max_seq_len, num_splits=num_splits, tile_n=16, min_partition=16
-        )
+        tk.decode_attention(q, cache, out, *step, md.max_seq_len, num_splits=num_splits, tile_n=16, min_partition=16)
         assert_close(out, ref)
     # The unified kernel must agree on decode rows too.
     out = torch.full_like(q, float("nan"))

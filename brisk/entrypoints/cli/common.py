@@ -118,7 +118,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sampling_params_from_args(args: argparse.Namespace):
     """``SamplingParams`` from the flags; a bad value raises ValueError naming the flag (before any loading)."""
-    from brisk.sampling_params import SamplingParams
+    from brisk.sampling_params import SamplingParams, error_field
 
     try:
         return SamplingParams(
@@ -132,12 +132,8 @@ def sampling_params_from_args(args: argparse.Namespace):
             ignore_eos=args.ignore_eos,
         )
     except ValueError as exc:
-        message = str(exc)
-        for field, flag in SAMPLING_FLAGS.items():
-            if message.startswith(f"SamplingParams.{field} "):
-                message = flag + message.removeprefix(f"SamplingParams.{field}")
-                break
-        raise ValueError(message) from None
+        field, rest = error_field(str(exc))
+        raise ValueError(f"{SAMPLING_FLAGS[field]} {rest}" if field in SAMPLING_FLAGS else str(exc)) from None
 
 
 # ---- engine -------------------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,10 +26,9 @@ from brisk.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from brisk.outputs import RequestOutput
-from brisk.sampling_params import SamplingParams
+from brisk.sampling_params import SamplingParams, error_field
 
 logger = logging.getLogger("brisk.server")
-_SAMPLING_FIELD = re.compile(r"^SamplingParams\.(\w+) ")
 
 
 def random_id(prefix: str) -> str:
@@ -220,13 +218,11 @@ class OpenAIServing:
         try:
             return SamplingParams(**kwargs)
         except ValueError as exc:
-            message = str(exc)
-            match = _SAMPLING_FIELD.match(message)
-            param = None
-            if match:
-                name = match.group(1)
-                param = (param_names or {}).get(name, name)
-                message = f"'{param}' " + message[match.end() :]
+            field, rest = error_field(str(exc))
+            param, message = None, str(exc)
+            if field is not None:
+                param = (param_names or {}).get(field, field)
+                message = f"'{param}' {rest}"
             raise bad_request(message, param=param, code="invalid_value") from exc
 
     def request_sampling_params(
