@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 
 import torch
 
 
 @functools.cache
-def _triton_ops() -> ModuleType | None:
+def _triton_module(name: str) -> ModuleType | None:
     try:
-        from brisk.layers import triton_ops
+        return importlib.import_module(f"brisk.layers.{name}")
     except ImportError:
         return None
-    return triton_ops
 
 
 def fused_ops_for(x: torch.Tensor) -> ModuleType | None:
     """The ``triton_ops`` module when ``x`` lives on a CUDA device and Triton is installed, else None."""
-    return _triton_ops() if x.is_cuda else None
+    return _triton_module("triton_ops") if x.is_cuda else None
+
+
+def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
+    """The ``triton_gemv`` module when ``x`` is a single row (a batch-1 decode step) on a CUDA device, else None.
+
+    For one row a projection is a read of its weights, which the GEMV streams faster than cuBLAS and fuses with
+    the op before it (``benchmarks/tune_gemv.py``); larger batches go to cuBLAS.
+    """
+    if not x.is_cuda or x.dim() != 2 or x.shape[0] != 1:
+        return None
+    return _triton_module("triton_gemv")

@@ -7,11 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisk.layers.fused import gemv_ops_for
 from brisk.worker.parallel import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 
 
 class UnquantizedLinearMethod:
-    """Plain dense weights: ``y = x W^T + b``."""
+    """Plain dense weights: ``y = x W^T + b`` (a Triton GEMV at decode batch sizes on a GPU, else cuBLAS)."""
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)
@@ -20,6 +21,9 @@ class UnquantizedLinearMethod:
         pass
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        gemv = gemv_ops_for(x)
+        if gemv is not None:
+            return gemv.gemv(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
 

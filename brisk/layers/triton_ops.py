@@ -11,13 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
+
 
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     x_stride, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -50,6 +53,7 @@ def rms_norm(
             x2, residual.reshape(-1, hidden) if residual is not None else x2, weight, out, residual_out,
             x2.stride(0), hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4,
+            **pdl_launch_options(x.device),
         )  # fmt: skip
     if residual is None:
         return out.view(shape)
@@ -57,16 +61,21 @@ def rms_norm(
 
 
 @triton.jit
-def _rotate_heads(base_ptr, token_stride, head_stride, token, cos, sin, offs, dmask,
+def rotate_heads(base_ptr, token_stride, head_stride, token, cos, sin, offs, dmask,
                   NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
+    """Rotate one token's heads in place; returns the rotated halves and their mask, for callers that also
+    store them elsewhere (the KV cache)."""
     heads = tl.arange(0, HEADS_P2)
     mask = (heads[:, None] < NUM_HEADS) & dmask[None, :]
     ptrs = base_ptr + token * token_stride + heads[:, None] * head_stride + offs[None, :]
     x1 = tl.load(ptrs, mask=mask, other=0.0)
     x2 = tl.load(ptrs + HALF, mask=mask, other=0.0)
     a, b = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(ptrs, (a * cos - b * sin).to(x1.dtype), mask=mask)
-    tl.store(ptrs + HALF, (b * cos + a * sin).to(x1.dtype), mask=mask)
+    r1 = (a * cos - b * sin).to(x1.dtype)
+    r2 = (b * cos + a * sin).to(x1.dtype)
+    tl.store(ptrs, r1, mask=mask)
+    tl.store(ptrs + HALF, r2, mask=mask)
+    return r1, r2, mask
 
 
 @triton.jit
@@ -74,17 +83,18 @@ def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
     q_token_stride, q_head_stride, k_token_stride, k_head_stride, trig_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, K_HEADS_P2: tl.constexpr,
-    HALF: tl.constexpr, HALF_P2: tl.constexpr,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per token rotates all its query and key heads as [heads, dim/2] tiles."""
+    start_dependent_kernel(USE_PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
     offs = tl.arange(0, HALF_P2)
     dmask = offs < HALF
     cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
     sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
-    _rotate_heads(q_ptr, q_token_stride, q_head_stride, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
-    _rotate_heads(k_ptr, k_token_stride, k_head_stride, token, cos, sin, offs, dmask, NUM_K_HEADS, K_HEADS_P2, HALF)
+    rotate_heads(q_ptr, q_token_stride, q_head_stride, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
+    rotate_heads(k_ptr, k_token_stride, k_head_stride, token, cos, sin, offs, dmask, NUM_K_HEADS, K_HEADS_P2, HALF)
 
 
 def apply_rotary(
@@ -99,13 +109,14 @@ def apply_rotary(
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos.stride(0),
             NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], Q_HEADS_P2=triton.next_power_of_2(num_q_heads),
             K_HEADS_P2=triton.next_power_of_2(key.shape[1]), HALF=dim // 2, HALF_P2=triton.next_power_of_2(dim // 2),
-            num_warps=4,
+            num_warps=4, **pdl_launch_options(query.device),
         )  # fmt: skip
     return query, key
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, d, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -122,5 +133,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((x2.shape[0], d), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(d))
     if x2.shape[0]:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](x2, out, x2.stride(0), d, BLOCK=block, num_warps=4)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
+            x2, out, x2.stride(0), d, BLOCK=block, num_warps=4, **pdl_launch_options(x.device)
+        )
     return out.view(*x.shape[:-1], d)

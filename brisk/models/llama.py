@@ -10,6 +10,7 @@ from torch import nn
 from brisk.layers.activation import SiluAndMul
 from brisk.layers.attention.layer import Attention
 from brisk.layers.embedding import LMHead, VocabEmbedding
+from brisk.layers.fused_linear import rms_norm_linear, silu_and_mul_linear
 from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from brisk.layers.norm import RMSNorm
 from brisk.layers.rotary import RotaryEmbedding, rope_parameters
@@ -36,8 +37,8 @@ class LlamaAttention(nn.Module):
         self.rotary_emb = RotaryEmbedding(self.head_size, max_position, rope_parameters(config))
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size, self.head_size**-0.5, backend)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Attention from the output of ``qkv_proj``, which the decoder layer fuses with the norm before it."""
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_size)
@@ -45,8 +46,7 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_size)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v, self.rotary_emb, positions))
 
 
 class LlamaMLP(nn.Module):
@@ -59,8 +59,9 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported (only silu).")
         self.act_fn = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP after ``gate_up_proj``, which the decoder layer fuses with the norm before it."""
+        return silu_and_mul_linear(self.act_fn, self.down_proj, gate_up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -72,14 +73,13 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
     def forward(self, positions, hidden_states, residual):
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        """Returns this layer's output and the residual stream before it is added (the next norm adds it)."""
+        attn = self.self_attn
+        qkv, residual = rms_norm_linear(self.input_layernorm, attn.qkv_proj, hidden_states, residual)
+        hidden_states = attn(positions, qkv)
+        norm, mlp = self.post_attention_layernorm, self.mlp
+        gate_up, residual = rms_norm_linear(norm, mlp.gate_up_proj, hidden_states, residual)
+        return self.mlp(gate_up), residual
 
 
 class LlamaModel(nn.Module):

@@ -13,6 +13,7 @@ from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
 from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
+from brisk.layers.rotary import RotaryEmbedding  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = 1e-4
@@ -115,6 +116,24 @@ def test_mixed_batch_matches_reference(num_heads, num_kv_heads, head_size, block
     out = impl.forward(q, k, v, cache, md)
     assert_close(out[: md.query_start_loc_cpu[-1]], ref)
     torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(4, 2, 32), (6, 2, 48), (2, 1, 80)])
+def test_rotary_in_the_cache_writer_matches_rotary_then_reference(num_heads, num_kv_heads, head_size):
+    """The Triton backend rotates q/k in the kernel that writes the cache: same cache, same output as the
+    reference backend given the same rotary embedding (head sizes whose half is not a power of two included)."""
+    q, k, v, cache, md = make_batch(MIXED, num_heads, num_kv_heads, head_size, 8, pad_tokens=2)
+    rope = RotaryEmbedding(head_size, 64, {"rope_type": "default", "rope_theta": 10000.0}).to(DEVICE)
+    positions = torch.randint(0, 64, (md.num_tokens,), device=DEVICE)
+    ref_cache = cache.clone()
+    ref = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(
+        q.clone(), k.clone(), v, ref_cache, md, rope, positions
+    )
+    impl = TritonAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5)
+    out = impl.forward(q, k, v, cache, md, rope, positions)
+    real = md.query_start_loc_cpu[-1]
+    assert_close(out[:real], ref[:real])
+    torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("block_m,tile_n", [(16, 16), (32, 32), (64, 16), (128, 64)])

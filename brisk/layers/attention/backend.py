@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from brisk.layers.rotary import RotaryEmbedding
+
 
 @dataclass
 class AttentionMetadata:
@@ -58,8 +60,11 @@ class AttentionImpl(ABC):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_size]
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_size]
         metadata: AttentionMetadata,
+        rotary_emb: RotaryEmbedding | None = None,
+        positions: torch.Tensor | None = None,  # [num_tokens], with rotary_emb
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
-        """Write ``key``/``value`` into ``kv_cache`` at ``metadata.slot_mapping``, then attend."""
+        """Rotate ``query``/``key`` by ``rotary_emb`` at ``positions`` (when given), write ``key``/``value``
+        into ``kv_cache`` at ``metadata.slot_mapping``, then attend."""
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

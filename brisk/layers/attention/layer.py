@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from brisk.layers.attention import get_attn_impl_cls
+from brisk.layers.rotary import RotaryEmbedding
 from brisk.worker.forward_context import get_attn_metadata
 
 
@@ -18,7 +19,15 @@ class Attention(nn.Module):
         self.impl = get_attn_impl_cls(backend)(num_heads, num_kv_heads, head_size, scale)
         self.kv_cache = torch.empty(0)  # bound by the model runner once the cache is allocated
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v: [tokens, heads, head_size] after RoPE. Returns [tokens, heads * head_size]."""
-        out = self.impl.forward(q, k, v, self.kv_cache, get_attn_metadata())
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary_emb: RotaryEmbedding | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q, k, v: [tokens, heads, head_size], before RoPE when ``rotary_emb`` is given: the backend applies it
+        (the Triton one in the kernel that writes the KV cache). Returns [tokens, heads * head_size]."""
+        out = self.impl.forward(q, k, v, self.kv_cache, get_attn_metadata(), rotary_emb, positions)
         return out.flatten(1)

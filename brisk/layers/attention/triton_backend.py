@@ -6,10 +6,12 @@ import torch
 
 from brisk.layers.attention import triton_kernels as tk
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+from brisk.layers.rotary import RotaryEmbedding
 
 
 class TritonAttentionImpl(AttentionImpl):
-    """Paged attention through brisk's Triton kernels (``triton_kernels.py``).
+    """Paged attention through brisk's Triton kernels (``triton_kernels.py``). The rotary embedding is applied in
+    the kernel that stores the step's keys and values.
 
     Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, whose launch reads
     only host-side metadata (``num_seqs``, ``max_seq_len``) and shapes, so it can be captured in a CUDA graph;
@@ -24,8 +26,14 @@ class TritonAttentionImpl(AttentionImpl):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        rotary_emb: RotaryEmbedding | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        if rotary_emb is None:
+            tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        else:
+            cos, sin = rotary_emb.cos, rotary_emb.sin
+            tk.rope_and_write_kv_cache(positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping)
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if metadata.is_decode_only:
             tk.decode_attention(

@@ -3,9 +3,10 @@
 Cache layout (see ``backend.py``): ``kv_cache[2, num_blocks, block_size, num_kv_heads, head_size]``; token
 ``t`` of a sequence lives in page ``block_table[t // block_size]`` at offset ``t % block_size``.
 
-Three kernels:
+Four kernels:
 
-* ``write_kv_cache``: scatter this step's keys/values into their slots (slot ``-1`` = skip).
+* ``write_kv_cache``: scatter this step's keys/values into their slots (slot ``-1`` = skip);
+  ``rope_and_write_kv_cache`` applies the rotary embedding to queries and keys in the same launch.
 * ``unified_attention``: any mix of prefill chunks (with cached prefix), extends and decodes in one launch.
   The grid is ``(query blocks of all sequences, kv heads)``; a program owns ``BLOCK_Q`` consecutive query
   tokens of one sequence times the ``num_heads // num_kv_heads`` query heads that share one kv head
@@ -28,6 +29,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
+from brisk.layers.triton_ops import rotate_heads
 
 LOG2E = 1.4426950408889634
 
@@ -56,7 +60,9 @@ def _write_kv_cache_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_P2: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    start_dependent_kernel(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
@@ -71,6 +77,39 @@ def _write_kv_cache_kernel(
     dst = page * stride_cb + offset * stride_ct + heads[:, None] * stride_ch + offs_d[None, :]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_and_write_kv_kernel(
+    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, slot_mapping_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_ct, stride_ch, trig_stride,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """One program per token: rotate its query and key heads in place and store its keys and values in the cache."""
+    start_dependent_kernel(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + token)
+    offs = tl.arange(0, HALF_P2)
+    dmask = offs < HALF
+    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    rotate_heads(q_ptr, stride_qt, stride_qh, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
+    k1, k2, mask = rotate_heads(k_ptr, stride_kt, stride_kh, token, cos, sin, offs, dmask, NUM_KV_HEADS,
+                                 KV_HEADS_P2, HALF)  # fmt: skip
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot >= 0:  # -1: a padding token, nothing to store
+        heads = tl.arange(0, KV_HEADS_P2)
+        v_ptrs = v_ptr + token * stride_vt + heads[:, None] * stride_vh + offs[None, :]
+        v1 = tl.load(v_ptrs, mask=mask, other=0.0)
+        v2 = tl.load(v_ptrs + HALF, mask=mask, other=0.0)
+        dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + heads[:, None] * stride_ch
+        dst += offs[None, :]
+        cache_dtype = k_cache_ptr.dtype.element_ty
+        tl.store(k_cache_ptr + dst, k1.to(cache_dtype), mask=mask)
+        tl.store(k_cache_ptr + dst + HALF, k2.to(cache_dtype), mask=mask)
+        tl.store(v_cache_ptr + dst, v1.to(cache_dtype), mask=mask)
+        tl.store(v_cache_ptr + dst + HALF, v2.to(cache_dtype), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -300,7 +339,9 @@ def _decode_attention_kernel(
     ONE_SPLIT: tl.constexpr,
     MIN_PARTITION: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    start_dependent_kernel(USE_PDL)
     seq_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -378,7 +419,9 @@ def _decode_reduce_kernel(
     SPLITS_P2: tl.constexpr,
     SPLIT_TILE: tl.constexpr,
     MIN_PARTITION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    start_dependent_kernel(USE_PDL)
     seq_idx = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + seq_idx)
@@ -475,7 +518,37 @@ def write_kv_cache(
         num_kv_heads, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BLOCK_SIZE=kv_cache.shape[2], HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_H=block_h,
-        num_warps=4 if block_h * head_p2 >= 1024 else 1,
+        num_warps=4 if block_h * head_p2 >= 1024 else 1, **pdl_launch_options(key.device),
+    )  # fmt: skip
+
+
+def rope_and_write_kv_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Rotary embedding of ``query`` and ``key`` (in place, rotate-half layout) and the cache write of the rotated
+    keys and of ``value``, in one launch: ``apply_rotary`` followed by ``write_kv_cache``."""
+    num_tokens, num_heads, head_size = query.shape
+    if num_tokens == 0:
+        return
+    num_kv_heads = key.shape[1]
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    assert query.stride(-1) == key.stride(-1) == value.stride(-1) == 1 and cos.is_contiguous()
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    _rope_and_write_kv_kernel[(num_tokens,)](
+        query, key, value, k_cache, v_cache, cos, sin, positions, slot_mapping,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0),
+        NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, Q_HEADS_P2=triton.next_power_of_2(num_heads),
+        KV_HEADS_P2=triton.next_power_of_2(num_kv_heads), HALF=head_size // 2,
+        HALF_P2=triton.next_power_of_2(head_size // 2), BLOCK_SIZE=kv_cache.shape[2], num_warps=4,
+        **pdl_launch_options(query.device),
     )  # fmt: skip
 
 
@@ -604,7 +677,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, QH_P2=qh_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
         TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device),
     )  # fmt: skip
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
@@ -613,6 +686,6 @@ def decode_attention(
             output.stride(0), output.stride(1),
             HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, SPLITS_P2=splits_p2,
             SPLIT_TILE=min(16, splits_p2), MIN_PARTITION=min_partition,
-            num_warps=1 if head_p2 <= 64 else 2,
+            num_warps=1 if head_p2 <= 64 else 2, **pdl_launch_options(query.device),
         )  # fmt: skip
     return output

@@ -1,0 +1,48 @@
+"""Projections fused with the op before them: (residual add +) RMSNorm -> linear, and SiLU-and-mul -> linear.
+
+On a GPU at decode batch sizes these run as one Triton GEMV launch that computes its input on the fly
+(``triton_gemv.py``); everywhere else they are the plain composition of the two layers, which stays the
+reference.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from brisk.layers.activation import SiluAndMul
+from brisk.layers.fused import gemv_ops_for
+from brisk.layers.linear import LinearBase, RowParallelLinear, UnquantizedLinearMethod
+from brisk.layers.norm import RMSNorm
+from brisk.worker.parallel import get_tp_size
+
+
+def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> ModuleType | None:
+    """The GEMV module when ``linear`` holds plain weights and needs no all-reduce between matmul and bias."""
+    if type(linear.quant_method) is not UnquantizedLinearMethod:
+        return None
+    if isinstance(linear, RowParallelLinear) and get_tp_size() > 1:
+        return None
+    return gemv_ops_for(x)
+
+
+def rms_norm_linear(
+    norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(linear(norm(x + residual)), x + residual)``; without ``residual`` (the first layer), x is the residual."""
+    gemv = _fused_gemv(linear, x)
+    if gemv is not None:
+        return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias)
+    if residual is None:
+        return linear(norm(x)), x
+    normed, residual = norm(x, residual)
+    return linear(normed), residual
+
+
+def silu_and_mul_linear(act: SiluAndMul, linear: LinearBase, x: torch.Tensor) -> torch.Tensor:
+    """``linear(act(x))`` for the gated MLP's down projection over ``x = [gate | up]``."""
+    gemv = _fused_gemv(linear, x)
+    if gemv is not None:
+        return gemv.silu_and_mul_gemv(x, linear.weight, linear.bias)
+    return linear(act(x))

@@ -1,0 +1,233 @@
+"""Triton GEMV for batch-1 decode, with the op that precedes a projection fused into its input.
+
+At batch 1 a decode step of an 8B model is ~130 weight reads of 30 to 230 MB each, so its time is the weight
+bytes over the bandwidth each kernel reaches, plus a gap at every kernel boundary. This kernel streams the
+weights in wide tiles, and can compute its input on the fly from the (residual add +) RMSNorm or the
+SiLU-and-mul that comes before the projection, which removes those launches and their round trips through
+memory. (Several rows would need a tensor-core tile to keep the loads wide; batches above one go to cuBLAS.)
+
+With programmatic dependent launch (``pdl.py``) a GEMV loads its first weight tile, which does not depend on
+the previous kernel, before it waits for that kernel's results.
+
+Rounding follows the unfused ops (``triton_ops.py``): the residual sum, the normalized value and the SiLU are
+rounded to the activation dtype where the separate kernels would store them; products accumulate in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, wait_for_previous_kernel
+
+PROLOGUE_NONE: tl.constexpr = tl.constexpr(0)
+PROLOGUE_RMS_NORM: tl.constexpr = tl.constexpr(1)
+PROLOGUE_SILU_AND_MUL: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def _rms_normalize(x, rstd, norm_ptr, cols, col_mask):
+    normed = (x.to(tl.float32) * rstd).to(x.dtype)
+    w = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
+    return (normed.to(tl.float32) * w.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, rstd,
+                PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """The GEMV input at ``cols`` after the prologue, as the activation dtype."""
+    x = tl.load(x_ptr + cols, mask=col_mask, other=0.0)
+    if PROLOGUE == PROLOGUE_SILU_AND_MUL:  # x holds [gate | up]; cols index the gate half
+        up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0)
+        g = x.to(tl.float32)
+        silu = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+        x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + cols, mask=col_mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    if PROLOGUE == PROLOGUE_RMS_NORM:
+        x = _rms_normalize(x, rstd, norm_ptr, cols, col_mask)
+    return x
+
+
+@triton.jit
+def _store_residual(residual_out_ptr, x, pid, cols, col_mask):
+    """Program 0 stores ``x + residual`` for the next layer; the others only read it."""
+    first_program = (cols * 0 + pid) == 0  # as a tensor: the interpreter masks with tensors only
+    tl.store(residual_out_ptr + cols, x, mask=col_mask & first_program)
+
+
+@triton.jit
+def _weight_tile(weight_ptr, block, offs_n, cols, col_mask, N, weight_stride, BLOCK_N: tl.constexpr):
+    n = block * BLOCK_N + offs_n
+    ptrs = weight_ptr + n[:, None].to(tl.int64) * weight_stride + cols[None, :]
+    return tl.load(ptrs, mask=(n < N)[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _dot(w, x):
+    """``w[BLOCK_N, BLOCK_K] @ x[BLOCK_K]`` in fp32."""
+    return tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+
+
+@triton.jit
+def _store_output(out_ptr, bias_ptr, acc, block, offs_n, N, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    n = block * BLOCK_N + offs_n
+    n_mask = n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit
+def _gemv_resident_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride, eps,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """K fits one tile (``K <= BLOCK_K``): each program prepares the input once, then walks the output blocks
+    ``pid, pid + programs, ...``, loading the next weight tile before it reduces the current one."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BLOCK_K)
+    col_mask = cols < K
+    allow_next_kernel(USE_PDL)
+    w = _weight_tile(weight_ptr, pid, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
+    wait_for_previous_kernel(USE_PDL)
+
+    if PROLOGUE == PROLOGUE_RMS_NORM:
+        x = _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, 0.0, PROLOGUE_NONE, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            _store_residual(residual_out_ptr, x, pid, cols, col_mask)
+        xf = x.to(tl.float32)
+        x = _rms_normalize(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_ptr, cols, col_mask)
+    else:
+        x = _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, 0.0, PROLOGUE, HAS_RESIDUAL)
+
+    for block in range(pid, tl.cdiv(N, BLOCK_N), programs):
+        next_w = _weight_tile(weight_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
+        _store_output(out_ptr, bias_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS)
+        w = next_w
+
+
+@triton.jit
+def _gemv_tiled_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride, eps,
+    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """Any K: one program per ``BLOCK_N`` outputs walks K in ``BLOCK_K`` tiles and applies the prologue to each
+    input tile (the RMSNorm first takes a pass over the input for its norm)."""
+    pid = tl.program_id(0)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    allow_next_kernel(USE_PDL)
+    w = _weight_tile(weight_ptr, pid, offs_n, offs_k, offs_k < K, N, weight_stride, BLOCK_N)
+    wait_for_previous_kernel(USE_PDL)
+
+    rstd = 0.0
+    if PROLOGUE == PROLOGUE_RMS_NORM:
+        sum_sq = 0.0
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + offs_k
+            x = _input_tile(x_ptr, residual_ptr, norm_ptr, cols, cols < K, K, 0.0, PROLOGUE_NONE, HAS_RESIDUAL)
+            if HAS_RESIDUAL:
+                _store_residual(residual_out_ptr, x, pid, cols, cols < K)
+            xf = x.to(tl.float32)
+            sum_sq += tl.sum(xf * xf, axis=0)
+        rstd = tl.rsqrt(sum_sq / K + eps)
+
+    acc = _dot(w, _input_tile(x_ptr, residual_ptr, norm_ptr, offs_k, offs_k < K, K, rstd, PROLOGUE, HAS_RESIDUAL))
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        cols = k0 + offs_k
+        w = _weight_tile(weight_ptr + k0, pid, offs_n, offs_k, cols < K, N, weight_stride, BLOCK_N)
+        acc += _dot(w, _input_tile(x_ptr, residual_ptr, norm_ptr, cols, cols < K, K, rstd, PROLOGUE, HAS_RESIDUAL))
+    _store_output(out_ptr, bias_ptr, acc, pid, offs_n, N, BLOCK_N, HAS_BIAS)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+class GemvConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    programs_per_sm: int  # for the resident kernel; 0 takes the tiled kernel
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """Measured on an H200 (``benchmarks/tune_gemv.py``, Llama-3.1-8B projections): an input of up to 4096
+    elements stays in registers while four programs per SM stream 2-row weight tiles; the LM head's many blocks
+    take one program per 4 x 4096 tile, and longer inputs (the down projection) one per 8 x 1024 tiles. Every
+    choice keeps several 16-byte loads per thread in flight."""
+    if k <= 4096:
+        return GemvConfig(2, triton.next_power_of_2(k), 8, 4) if n < 65536 else GemvConfig(4, 4096, 4, 0)
+    return GemvConfig(8, 1024, 8, 0)
+
+
+def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
+            prologue=PROLOGUE_NONE):  # fmt: skip
+    n = out.shape[-1]
+    config = gemv_config(n, k)
+    blocks = triton.cdiv(n, config.block_n)
+    if config.programs_per_sm:
+        kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * _num_sms(x.device))
+    else:
+        kernel, grid = _gemv_tiled_kernel, blocks
+    kernel[(grid,)](
+        x, weight, bias if bias is not None else weight, out,
+        residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
+        residual_out if residual_out is not None else out, n, k, weight.stride(0), eps,
+        PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        **pdl_launch_options(x.device),
+    )  # fmt: skip
+
+
+def _row(x: torch.Tensor) -> torch.Tensor:
+    assert x.shape[0] == 1 and x.dim() == 2, "the GEMV takes one row"
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for one row ``x``."""
+    x = _row(x)
+    out = _output(x, weight)
+    _launch(x, weight, bias, out, x.shape[1])
+    return out
+
+
+def rms_norm_gemv(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(F.linear(rms_norm(x + residual), weight, bias), x + residual)``; without ``residual``, x stands alone."""
+    x = _row(x)
+    out = _output(x, weight)
+    residual_out = torch.empty_like(x) if residual is not None else x
+    residual = _row(residual) if residual is not None else None
+    _launch(x, weight, bias, out, x.shape[1], residual, norm_weight, residual_out, eps, PROLOGUE_RMS_NORM)
+    return out, residual_out
+
+
+def silu_and_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(silu(gate) * up, weight, bias)`` where ``x = [gate | up]``."""
+    x = _row(x)
+    out = _output(x, weight)
+    _launch(x, weight, bias, out, x.shape[1] // 2, prologue=PROLOGUE_SILU_AND_MUL)
+    return out

@@ -1,0 +1,80 @@
+"""The Triton GEMV and its fused prologues match the unfused torch layers (Triton's interpreter on CPU)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton_gemv = pytest.importorskip("brisk.layers.triton_gemv")
+
+from brisk.layers.activation import SiluAndMul  # noqa: E402
+from brisk.layers.fused import gemv_ops_for  # noqa: E402
+from brisk.layers.norm import RMSNorm  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (out features, in features): odd sizes leave partial output blocks and K tiles. Inputs of up to 4096 take the
+# resident kernel, whose programs (4 per SM; the interpreter counts 4 SMs) walk several output blocks each; the
+# input of 4200 takes the tiled kernel over three K tiles.
+SHAPES = [(37, 96), (12, 4200), (45, 520)]
+
+
+def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, k, device=DEVICE) / k**0.5, torch.randn(n, device=DEVICE)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_linear(n, k, with_bias):
+    torch.manual_seed(n + k)
+    weight, bias = _weights(n, k)
+    bias = bias if with_bias else None
+    x = torch.randn(1, k + 8, device=DEVICE)[:, 3 : 3 + k]  # a view that starts inside its storage
+    torch.testing.assert_close(triton_gemv.gemv(x, weight, bias), F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_gemv_matches_norm_then_linear(n, k, with_residual):
+    torch.manual_seed(n * k)
+    norm = RMSNorm(k, 1e-5, torch.float32).to(DEVICE)
+    norm.weight.data.uniform_(0.5, 1.5)
+    weight, bias = _weights(n, k)
+    x = torch.randn(1, k, device=DEVICE)
+    residual = torch.randn(1, k, device=DEVICE) if with_residual else None
+    out, residual_out = triton_gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, weight, bias)
+    summed = x + residual if with_residual else x
+    torch.testing.assert_close(residual_out, summed)
+    torch.testing.assert_close(out, F.linear(norm._norm(summed), weight, bias), atol=1e-4, rtol=1e-4)
+    if with_residual:
+        torch.testing.assert_close(residual, summed - x)  # the inputs are left as they were
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_silu_and_mul_gemv_matches_activation_then_linear(n, k):
+    torch.manual_seed(n + k)
+    weight, bias = _weights(n, k)
+    gate_up = torch.randn(1, 2 * k, device=DEVICE)
+    expected = F.linear(SiluAndMul._reference(gate_up), weight, bias)
+    torch.testing.assert_close(triton_gemv.silu_and_mul_gemv(gate_up, weight, bias), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_half_precision_rounds_like_the_unfused_ops():
+    """In fp16 the prologue rounds where the separate kernels store, so only the matmul's order differs."""
+    torch.manual_seed(0)
+    k, n = 256, 64
+    norm = RMSNorm(k, 1e-6, torch.float16).to(DEVICE)
+    norm.weight.data.uniform_(0.5, 1.5)
+    weight = (torch.randn(n, k, device=DEVICE) / k**0.5).half()
+    x, residual = torch.randn(1, k, device=DEVICE).half(), torch.randn(1, k, device=DEVICE).half()
+    out, residual_out = triton_gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, weight, None)
+    normed, summed = norm(x, residual)
+    assert torch.equal(residual_out, summed)
+    expected = F.linear(normed.float(), weight.float())
+    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
+
+
+def test_gemv_is_chosen_only_for_one_row_on_a_gpu():
+    if DEVICE == "cpu":
+        assert gemv_ops_for(torch.zeros(1, 8)) is None  # the CPU path stays plain torch
+        return
+    assert gemv_ops_for(torch.zeros(1, 8, device=DEVICE)) is triton_gemv
+    assert gemv_ops_for(torch.zeros(2, 8, device=DEVICE)) is None
