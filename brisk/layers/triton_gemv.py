@@ -15,13 +15,13 @@ rounded to the activation dtype where the separate kernels would store them; pro
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.device_limits import num_sms
 from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, wait_for_previous_kernel
 
 PROLOGUE_NONE: tl.constexpr = tl.constexpr(0)
@@ -150,11 +150,6 @@ def _gemv_tiled_kernel(
     _store_output(out_ptr, bias_ptr, acc, pid, offs_n, N, BLOCK_N, HAS_BIAS)
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 class GemvConfig(NamedTuple):
     block_n: int
     block_k: int
@@ -178,7 +173,7 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
     config = gemv_config(n, k)
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
-        kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * _num_sms(x.device))
+        kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * num_sms(x.device))
     else:
         kernel, grid = _gemv_tiled_kernel, blocks
     kernel[(grid,)](

@@ -12,18 +12,27 @@ import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.device_limits import num_sms
+from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
+
 
 @triton.jit
 def _gumbel_argmax_kernel(
-    logits_ptr, temperature_ptr, out_ptr, row_stride, vocab, seed, BLOCK: tl.constexpr
+    logits_ptr, temperature_ptr, out_ptr, part_val_ptr, part_idx_ptr, row_stride, vocab, seed, split_len,
+    BLOCK: tl.constexpr, ONE_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    """Program (row, split) finds the best column of ``split_len`` columns of its row; with one split it stores the
+    row's choice, otherwise its candidate for ``_pick_split_kernel``."""
+    start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
+    split = tl.program_id(1)
     temperature = tl.load(temperature_ptr + row)
     greedy = temperature == 0.0
     inv_t = 1.0 / tl.where(greedy, 1.0, temperature)
     best_val = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.full((), 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
+    first = split * split_len
+    for start in range(first, tl.minimum(first + split_len, vocab), BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < vocab
         x = tl.load(logits_ptr + row * row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
@@ -37,16 +46,51 @@ def _gumbel_argmax_kernel(
         take = block_max > best_val  # strict: the earliest index wins ties, as torch.argmax does
         best_idx = tl.where(take, block_idx, best_idx)
         best_val = tl.where(take, block_max, best_val)
-    tl.store(out_ptr + row, best_idx.to(tl.int64))
+    if ONE_SPLIT:
+        tl.store(out_ptr + row, best_idx.to(tl.int64))
+    else:
+        tl.store(part_val_ptr + row * tl.num_programs(1) + split, best_val)
+        tl.store(part_idx_ptr + row * tl.num_programs(1) + split, best_idx)
+
+
+@triton.jit
+def _pick_split_kernel(part_val_ptr, part_idx_ptr, out_ptr, splits, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr):
+    """The best of a row's split candidates; the leftmost wins ties, so the earliest column does overall."""
+    start_dependent_kernel(USE_PDL)
+    row = tl.program_id(0)
+    offs = tl.arange(0, SPLITS_P2)
+    vals = tl.load(part_val_ptr + row * splits + offs, mask=offs < splits, other=float("-inf"))
+    best = tl.argmax(vals, axis=0, tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(part_idx_ptr + row * splits + best).to(tl.int64))
+
+
+SAMPLING_BLOCK = 4096
 
 
 def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
-    """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature)."""
+    """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature).
+
+    A few rows split their vocabulary across programs (one block of columns each at batch 1), so that a
+    128k-entry row is read by the whole GPU rather than by one SM; a second launch picks each row's best split.
+    """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    if rows:
-        block = min(4096, triton.next_power_of_2(vocab))
-        _gumbel_argmax_kernel[(rows,)](
-            logits, temperature, out, logits.stride(0), vocab, seed, BLOCK=block, num_warps=8
+    if not rows:
+        return out
+    block = min(SAMPLING_BLOCK, triton.next_power_of_2(vocab))
+    blocks = triton.cdiv(vocab, block)
+    splits = max(1, min(blocks, triton.cdiv(num_sms(logits.device), rows)))
+    split_len = triton.cdiv(blocks, splits) * block
+    splits = triton.cdiv(vocab, split_len)
+    part_val = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
+    part_idx = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
+    pdl = pdl_launch_options(logits.device)
+    _gumbel_argmax_kernel[(rows, splits)](
+        logits, temperature, out, part_val, part_idx, logits.stride(0), vocab, seed, split_len,
+        BLOCK=block, ONE_SPLIT=splits == 1, num_warps=8, **pdl,
+    )  # fmt: skip
+    if splits > 1:
+        _pick_split_kernel[(rows,)](
+            part_val, part_idx, out, splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1, **pdl
         )
     return out

@@ -12,17 +12,20 @@ from brisk.layers.norm import RMSNorm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (out features, in features): odd sizes leave partial output blocks and K tiles. Inputs of up to 4096 take the
-# resident kernel, whose programs (4 per SM; the interpreter counts 4 SMs) walk several output blocks each; the
-# input of 4200 takes the tiled kernel over three K tiles.
-SHAPES = [(37, 96), (12, 4200), (45, 520)]
+# resident kernel, the input of 4200 the tiled kernel over three K tiles.
+SHAPES = [(37, 96), (12, 4200)]
+# 1,101 outputs are 551 blocks of 2: some of the resident kernel's 528 programs (4 per SM; the interpreter counts
+# 132 SMs) walk two of them.
+WALKING = (1101, 40)
 
 
 def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(n, k, device=DEVICE) / k**0.5, torch.randn(n, device=DEVICE)
 
 
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize(
+    "n,k,with_bias", [(*shape, bias) for shape in SHAPES for bias in (False, True)] + [(*WALKING, True)]
+)
 def test_gemv_matches_linear(n, k, with_bias):
     torch.manual_seed(n + k)
     weight, bias = _weights(n, k)

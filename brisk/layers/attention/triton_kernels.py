@@ -24,12 +24,11 @@ Four kernels:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.device_limits import num_sms, shared_memory_per_block
 from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
 from brisk.layers.triton_ops import rotate_heads
 
@@ -470,23 +469,9 @@ DECODE_MAX_SPLITS = 128
 _LARGE_DECODE_TILE_SMEM = 200 * 1024
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # interpreter: pretend to be an H100/H200
-
-
-@functools.lru_cache(maxsize=8)
-def _shared_memory_per_block(device: torch.device) -> int:
-    if device.type == "cuda":
-        return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0)
-    return 0
-
-
 def _decode_tile(head_p2: int, device: torch.device) -> tuple[int, int]:
     """(keys per tile, pipeline stages) of the decode kernel."""
-    if head_p2 <= 128 and _shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
+    if head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
         return 128, 3
     return (64 if head_p2 <= 128 else 32), 2
 
@@ -618,7 +603,7 @@ def unified_attention(
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """How many partitions a decode batch's contexts are cut into (host-only inputs, so graph-safe)."""
     base = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * _num_sms(device), base)
+    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * num_sms(device), base)
     useful = triton.cdiv(max(1, max_seq_len), DECODE_MIN_PARTITION)
     return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
 
