@@ -16,13 +16,13 @@ from brisk.layers.device_limits import num_sms
 from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "split_len"])
 def _gumbel_argmax_kernel(
-    logits_ptr, temperature_ptr, out_ptr, part_val_ptr, part_idx_ptr, row_stride, vocab, seed, split_len,
-    BLOCK: tl.constexpr, ONE_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
+    logits_ptr, temperature_ptr, part_val_ptr, part_idx_ptr, row_stride, vocab, seed, split_len,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
-    """Program (row, split) finds the best column of ``split_len`` columns of its row; with one split it stores the
-    row's choice, otherwise its candidate for ``_pick_split_kernel``."""
+    """Program (row, split) finds the best of the ``split_len`` columns of its split: the candidate it stores for
+    ``_pick_split_kernel``."""
     start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
@@ -46,14 +46,11 @@ def _gumbel_argmax_kernel(
         take = block_max > best_val  # strict: the earliest index wins ties, as torch.argmax does
         best_idx = tl.where(take, block_idx, best_idx)
         best_val = tl.where(take, block_max, best_val)
-    if ONE_SPLIT:
-        tl.store(out_ptr + row, best_idx.to(tl.int64))
-    else:
-        tl.store(part_val_ptr + row * tl.num_programs(1) + split, best_val)
-        tl.store(part_idx_ptr + row * tl.num_programs(1) + split, best_idx)
+    tl.store(part_val_ptr + row * tl.num_programs(1) + split, best_val)
+    tl.store(part_idx_ptr + row * tl.num_programs(1) + split, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])
 def _pick_split_kernel(part_val_ptr, part_idx_ptr, out_ptr, splits, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr):
     """The best of a row's split candidates; the leftmost wins ties, so the earliest column does overall."""
     start_dependent_kernel(USE_PDL)
@@ -72,6 +69,8 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
 
     A few rows split their vocabulary across programs (one block of columns each at batch 1), so that a
     128k-entry row is read by the whole GPU rather than by one SM; a second launch picks each row's best split.
+    Every batch size uses the same two compiled kernels (the split count is a runtime value), so none is
+    compiled in the middle of a run.
     """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
@@ -86,11 +85,10 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
     part_idx = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
     pdl = pdl_launch_options(logits.device)
     _gumbel_argmax_kernel[(rows, splits)](
-        logits, temperature, out, part_val, part_idx, logits.stride(0), vocab, seed, split_len,
-        BLOCK=block, ONE_SPLIT=splits == 1, num_warps=8, **pdl,
+        logits, temperature, part_val, part_idx, logits.stride(0), vocab, seed, split_len, BLOCK=block, num_warps=8,
+        **pdl,
     )  # fmt: skip
-    if splits > 1:
-        _pick_split_kernel[(rows,)](
-            part_val, part_idx, out, splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=1, **pdl
-        )
+    _pick_split_kernel[(rows,)](
+        part_val, part_idx, out, splits, SPLITS_P2=triton.next_power_of_2(blocks), num_warps=1, **pdl
+    )
     return out
