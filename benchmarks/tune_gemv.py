@@ -57,7 +57,7 @@ def graph_ms(fn: Callable[[], object], replays: int = 20) -> float:
 
 def use(config: GemvConfig | None, pdl: bool) -> None:
     triton_gemv.gemv_config = DEFAULT_CONFIG if config is None else (lambda n, k: config)
-    triton_gemv.pdl_launch_options = DEFAULT_PDL if pdl else (lambda device: {"USE_PDL": False})
+    triton_gemv.pdl_launch_options = DEFAULT_PDL if pdl else (lambda device, num_tokens: {"USE_PDL": False})
 
 
 def sweep_projection(name: str, layers: int, top: int) -> None:

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the Triton kernels of a decode step.
 
-A decode step at small batch is a chain of short kernels, and each boundary costs the time for one grid to
-drain and the next to launch and ramp up. With PDL (compute capability 9.0+), a kernel is launched while its
+A batch-1 decode step is a chain of short kernels, and each boundary costs the time for one grid to drain and
+the next to launch and ramp up. With PDL (compute capability 9.0+), a kernel is launched while its
 predecessor still runs: it may do work that does not depend on the predecessor (a GEMV loads its first weight
 tile), then ``gdc_wait`` blocks until the predecessor has finished and its writes are visible. Every kernel that
 is launched this way waits before its first dependent load and before any store, so it never reads stale data
@@ -27,9 +27,16 @@ def uses_pdl(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def pdl_launch_options(device: torch.device) -> dict:
-    """Keyword arguments for a Triton launch whose kernel takes a ``USE_PDL`` constexpr."""
-    return {"USE_PDL": True, "launch_pdl": True} if uses_pdl(device) else {"USE_PDL": False}
+def pdl_launch_options(device: torch.device, num_tokens: int) -> dict:
+    """Keyword arguments for a Triton launch whose kernel takes a ``USE_PDL`` constexpr.
+
+    PDL is used for launches over a single token (or sequence): batch-1 decode, where kernel boundaries are a
+    large share of the step and where it was measured (``benchmarks/tune_gemv.py``). Larger batches keep plain
+    stream order, so their CUDA graphs carry no programmatic edges.
+    """
+    if num_tokens == 1 and uses_pdl(device):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}
 
 
 @triton.jit

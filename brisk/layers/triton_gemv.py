@@ -182,7 +182,7 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
         residual_out if residual_out is not None else out, n, k, weight.stride(0), eps,
         PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-        **pdl_launch_options(x.device),
+        **pdl_launch_options(x.device, 1),
     )  # fmt: skip
 
 

@@ -53,7 +53,7 @@ def rms_norm(
             x2, residual.reshape(-1, hidden) if residual is not None else x2, weight, out, residual_out,
             x2.stride(0), hidden, eps,
             HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden), num_warps=4,
-            **pdl_launch_options(x.device),
+            **pdl_launch_options(x.device, rows),
         )  # fmt: skip
     if residual is None:
         return out.view(shape)
@@ -109,7 +109,7 @@ def apply_rotary(
             query.stride(0), query.stride(1), key.stride(0), key.stride(1), cos.stride(0),
             NUM_Q_HEADS=num_q_heads, NUM_K_HEADS=key.shape[1], Q_HEADS_P2=triton.next_power_of_2(num_q_heads),
             K_HEADS_P2=triton.next_power_of_2(key.shape[1]), HALF=dim // 2, HALF_P2=triton.next_power_of_2(dim // 2),
-            num_warps=4, **pdl_launch_options(query.device),
+            num_warps=4, **pdl_launch_options(query.device, tokens),
         )  # fmt: skip
     return query, key
 
@@ -134,6 +134,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(d))
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(d, block))](
-            x2, out, x2.stride(0), d, BLOCK=block, num_warps=4, **pdl_launch_options(x.device)
+            x2, out, x2.stride(0), d, BLOCK=block, num_warps=4, **pdl_launch_options(x.device, x2.shape[0])
         )
     return out.view(*x.shape[:-1], d)

@@ -83,7 +83,7 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
     splits = triton.cdiv(vocab, split_len)
     part_val = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
     part_idx = torch.empty(rows, splits, dtype=torch.int32, device=logits.device)
-    pdl = pdl_launch_options(logits.device)
+    pdl = pdl_launch_options(logits.device, rows)
     _gumbel_argmax_kernel[(rows, splits)](
         logits, temperature, part_val, part_idx, logits.stride(0), vocab, seed, split_len, BLOCK=block, num_warps=8,
         **pdl,

@@ -503,7 +503,7 @@ def write_kv_cache(
         num_kv_heads, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BLOCK_SIZE=kv_cache.shape[2], HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_H=block_h,
-        num_warps=4 if block_h * head_p2 >= 1024 else 1, **pdl_launch_options(key.device),
+        num_warps=4 if block_h * head_p2 >= 1024 else 1, **pdl_launch_options(key.device, num_tokens),
     )  # fmt: skip
 
 
@@ -533,7 +533,7 @@ def rope_and_write_kv_cache(
         NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, Q_HEADS_P2=triton.next_power_of_2(num_heads),
         KV_HEADS_P2=triton.next_power_of_2(num_kv_heads), HALF=head_size // 2,
         HALF_P2=triton.next_power_of_2(head_size // 2), BLOCK_SIZE=kv_cache.shape[2], num_warps=4,
-        **pdl_launch_options(query.device),
+        **pdl_launch_options(query.device, num_tokens),
     )  # fmt: skip
 
 
@@ -662,7 +662,7 @@ def decode_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, QH_P2=qh_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
         TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device),
+        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device, num_seqs),
     )  # fmt: skip
     if num_splits > 1:
         splits_p2 = triton.next_power_of_2(num_splits)
@@ -671,6 +671,6 @@ def decode_attention(
             output.stride(0), output.stride(1),
             HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, SPLITS_P2=splits_p2,
             SPLIT_TILE=min(16, splits_p2), MIN_PARTITION=min_partition,
-            num_warps=1 if head_p2 <= 64 else 2, **pdl_launch_options(query.device),
+            num_warps=1 if head_p2 <= 64 else 2, **pdl_launch_options(query.device, num_seqs),
         )  # fmt: skip
     return output
