@@ -61,6 +61,17 @@ def rms_norm(
 
 
 @triton.jit
+def rotary_factors(cos_ptr, sin_ptr, pos_ptr, token, trig_stride, HALF: tl.constexpr, HALF_P2: tl.constexpr):
+    """cos and sin ([1, HALF_P2]) at this token's position, with the column offsets and mask they were read at."""
+    pos = tl.load(pos_ptr + token)
+    offs = tl.arange(0, HALF_P2)
+    dmask = offs < HALF
+    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    return cos, sin, offs, dmask
+
+
+@triton.jit
 def rotate_heads(base_ptr, token_stride, head_stride, token, cos, sin, offs, dmask,
                   NUM_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, HALF: tl.constexpr):  # fmt: skip
     """Rotate one token's heads in place; returns the rotated halves and their mask, for callers that also
@@ -88,11 +99,7 @@ def _rotary_kernel(
     """One program per token rotates all its query and key heads as [heads, dim/2] tiles."""
     start_dependent_kernel(USE_PDL)
     token = tl.program_id(0)
-    pos = tl.load(pos_ptr + token)
-    offs = tl.arange(0, HALF_P2)
-    dmask = offs < HALF
-    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
-    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    cos, sin, offs, dmask = rotary_factors(cos_ptr, sin_ptr, pos_ptr, token, trig_stride, HALF, HALF_P2)
     rotate_heads(q_ptr, q_token_stride, q_head_stride, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
     rotate_heads(k_ptr, k_token_stride, k_head_stride, token, cos, sin, offs, dmask, NUM_K_HEADS, K_HEADS_P2, HALF)
 

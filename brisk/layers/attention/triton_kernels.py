@@ -30,7 +30,7 @@ import triton.language as tl
 
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
 from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
-from brisk.layers.triton_ops import rotate_heads
+from brisk.layers.triton_ops import rotary_factors, rotate_heads
 
 LOG2E = 1.4426950408889634
 
@@ -88,11 +88,7 @@ def _rope_and_write_kv_kernel(
     """One program per token: rotate its query and key heads in place and store its keys and values in the cache."""
     start_dependent_kernel(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + token)
-    offs = tl.arange(0, HALF_P2)
-    dmask = offs < HALF
-    cos = tl.load(cos_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
-    sin = tl.load(sin_ptr + pos * trig_stride + offs, mask=dmask, other=0.0)[None, :]
+    cos, sin, offs, dmask = rotary_factors(cos_ptr, sin_ptr, pos_ptr, token, trig_stride, HALF, HALF_P2)
     rotate_heads(q_ptr, stride_qt, stride_qh, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
     k1, k2, mask = rotate_heads(k_ptr, stride_kt, stride_kh, token, cos, sin, offs, dmask, NUM_KV_HEADS,
                                  KV_HEADS_P2, HALF)  # fmt: skip
