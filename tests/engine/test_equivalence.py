@@ -92,3 +92,15 @@ def test_batch_of_one_equals_batch_of_32(tiny_llama, async_scheduling):
     batched = token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     singles = [token_ids(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts[:6]]
     assert batched[:6] == singles
+
+
+def test_triton_backend_in_the_interpreter_gives_the_same_tokens(tiny_llama, baseline):
+    """The Triton kernels through the engine (on CPU in Triton's interpreter): prefill over cached prefixes, the
+    rotary embedding applied in the KV-cache writer, split decode. Three prompts keep the interpreter quick."""
+    pytest.importorskip("triton")
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu", attention_backend="triton", enable_prefix_caching=True)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outputs = llm.generate(prompts[:3], params, use_tqdm=False)
+    assert token_ids(outputs) == [ids[:6] for ids in expected[:3]]
+    assert outputs[2].num_cached_tokens > 0
