@@ -170,6 +170,7 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
             prologue=PROLOGUE_NONE):  # fmt: skip
     n = out.shape[-1]
+    assert weight.stride(1) == 1, "the GEMV reads weight rows as contiguous runs"
     config = gemv_config(n, k)
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
