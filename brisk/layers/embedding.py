@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.fused import gemv_ops_for
+from brisk.layers.fused import dense
 
 
 class VocabEmbedding(nn.Module):
@@ -22,7 +22,4 @@ class LMHead(VocabEmbedding):
     """Projects hidden states to vocabulary logits; shares its weight with the embedding when tied."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        gemv = gemv_ops_for(hidden_states)
-        if gemv is not None:
-            return gemv.gemv(hidden_states, self.weight, None)
-        return F.linear(hidden_states, self.weight)
+        return dense(hidden_states, self.weight)

@@ -7,6 +7,7 @@ import importlib
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 
 @functools.cache
@@ -31,3 +32,11 @@ def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or x.dim() != 2 or x.shape[0] != 1:
         return None
     return _triton_module("triton_gemv")
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, as the Triton GEMV when ``gemv_ops_for(x)`` picks it."""
+    gemv = gemv_ops_for(x)
+    if gemv is not None:
+        return gemv.gemv(x, weight, bias)
+    return F.linear(x, weight, bias)

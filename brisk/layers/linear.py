@@ -4,10 +4,9 @@ without touching the models; fused q/k/v and gate/up projections load their shar
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.fused import gemv_ops_for
+from brisk.layers.fused import dense
 from brisk.worker.parallel import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 
 
@@ -21,10 +20,7 @@ class UnquantizedLinearMethod:
         pass
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        gemv = gemv_ops_for(x)
-        if gemv is not None:
-            return gemv.gemv(x, layer.weight, bias)
-        return F.linear(x, layer.weight, bias)
+        return dense(x, layer.weight, bias)
 
 
 class LinearBase(nn.Module):
