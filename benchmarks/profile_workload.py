@@ -25,7 +25,7 @@ from brisk.bench.configs import LLAMA31_8B_CONFIG
 
 GROUPS = (
     ("attention: prefill/extend", ("_unified_attention",)),
-    ("attention: decode", ("_decode_attention", "_decode_reduce")),
+    ("attention: decode", ("_decode_attention",)),
     ("KV write", ("_write_kv_cache",)),
     ("GEMM (cuBLAS / cutlass)", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas")),
     ("norm / rotary / silu (Triton)", ("rms_norm", "_rotary", "silu")),

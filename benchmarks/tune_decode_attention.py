@@ -1,5 +1,6 @@
 """Sweep the split-KV decode kernel's launch parameters on a GPU (not a test) for the Llama-3.1-8B shape (32 query
-heads, 8 KV heads, head size 128, 16-token pages, bf16) and print each config's time and KV bandwidth.
+heads, 8 KV heads, head size 128, 16-token pages, bf16; with the rotary embedding and the cache write the kernel
+does in a model) and print each config's time and KV bandwidth.
 
     python benchmarks/tune_decode_attention.py [--shapes 256x820,1x300]
 
@@ -17,6 +18,8 @@ import torch
 import triton
 
 from brisk.layers.attention import triton_kernels as tk
+from brisk.layers.attention.backend import AttentionMetadata
+from brisk.layers.rotary import RotaryEmbedding
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 32, 8, 128, 16
 
@@ -29,10 +32,24 @@ def make_batch(batch: int, context: int, max_model_len: int):
     used = triton.cdiv(context, BLOCK)
     block_tables = torch.zeros(batch, blocks_per_seq, dtype=torch.int32, device="cuda")
     block_tables[:, :used] = order[: batch * used].view(batch, used)
-    query = torch.randn(batch, HEADS, HEAD_SIZE, dtype=torch.bfloat16, device="cuda")
-    seq_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-    query_start_loc = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-    return query, kv_cache, block_tables, seq_lens, query_start_loc
+    query, key, value = (torch.randn(batch, h, HEAD_SIZE, dtype=torch.bfloat16, device="cuda")
+                         for h in (HEADS, KV_HEADS, KV_HEADS))  # fmt: skip
+    last = torch.full((batch,), context - 1, device="cuda")
+    slot_mapping = block_tables.gather(1, (last // BLOCK)[:, None].to(torch.int64))[:, 0].long() * BLOCK + last % BLOCK
+    metadata = AttentionMetadata(
+        num_tokens=batch,
+        num_seqs=batch,
+        max_query_len=1,
+        max_seq_len=max_model_len,  # the bound CUDA graphs are captured with
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device="cuda"),
+        block_tables=block_tables,
+        slot_mapping=slot_mapping,
+        query_start_loc_cpu=list(range(batch + 1)),
+        seq_lens_cpu=[context] * batch,
+    )
+    rope = RotaryEmbedding(HEAD_SIZE, max_model_len, {"rope_type": "default", "rope_theta": 500000.0}).to("cuda")
+    return query, key, value, kv_cache, metadata, (rope.cos, rope.sin, last)
 
 
 def main() -> None:
@@ -43,20 +60,17 @@ def main() -> None:
     args = parser.parse_args()
     for shape in args.shapes.split(","):
         batch, context = (int(x) for x in shape.split("x"))
-        query, kv_cache, block_tables, seq_lens, qsl = make_batch(batch, context, args.max_model_len)
+        query, key, value, kv_cache, metadata, rotary = make_batch(batch, context, args.max_model_len)
         output = torch.empty_like(query)
         gbytes = batch * context * KV_HEADS * HEAD_SIZE * 2 * 2 / 1e9
-
-        run = functools.partial(
-            tk.decode_attention, query, kv_cache, output, block_tables, seq_lens, qsl, 0.088, batch, args.max_model_len
-        )
+        run = functools.partial(tk.decode_attention, query, key, value, kv_cache, output, metadata, 0.088, rotary)
 
         default_splits = tk.decode_num_splits(batch, KV_HEADS, args.max_model_len, query.device)
         configs = [{}]
-        for splits, tile, warps, stages in itertools.product(
-            sorted({1, 2, 4, default_splits}), (32, 64, 128), (4, 8), (2, 3, 4)
+        for splits, tile, warps, stages, part in itertools.product(
+            sorted({1, 2, 4, default_splits}), (32, 64, 128), (4, 8), (2, 3, 4), (128, 256, 512)
         ):
-            configs.append(dict(num_splits=splits, tile_n=tile, num_warps=warps, num_stages=stages))
+            configs.append(dict(num_splits=splits, tile_n=tile, num_warps=warps, num_stages=stages, min_partition=part))
         results = []
         for kw in configs:
             try:

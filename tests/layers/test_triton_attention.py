@@ -174,20 +174,45 @@ def test_unified_handles_empty_query_and_strided_io():
     [(2, 2, 16, 8), (4, 2, 32, 16), (4, 1, 64, 8), (3, 1, 48, 16)],
 )
 def test_decode_split_kv_matches_reference(num_heads, num_kv_heads, head_size, block_size):
-    """Decode-only batch with several partitions per sequence, including splits left empty by short ones."""
+    """Decode-only batch with several partitions per sequence, including splits left empty by short ones: the
+    kernel stores the step's keys/values itself and the last split of each group merges the partials."""
     seqs = [(70, 1), (1, 1), (33, 1), (50, 1)]
     q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, block_size, seed=3)
-    ref, _ = reference(q, k, v, cache, md)
-    write_kv_cache(k, v, cache, md.slot_mapping)
-    step = (md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs)
-    for num_splits in (1, 4):
-        out = torch.full_like(q, float("nan"))
-        tk.decode_attention(q, cache, out, *step, md.max_seq_len, num_splits=num_splits, tile_n=16, min_partition=16)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    for num_splits in (1, 4, 8):
+        out, step_cache = torch.full_like(q, float("nan")), cache.clone()
+        tk.decode_attention(q, k, v, step_cache, out, md, head_size**-0.5, num_splits=num_splits, tile_n=16,
+                            min_partition=16)  # fmt: skip
         assert_close(out, ref)
+        torch.testing.assert_close(step_cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+        assert (tk._split_counters(q.device) == 0).all(), "a split launch must leave its counters zeroed"
     # The unified kernel must agree on decode rows too.
+    write_kv_cache(k, v, cache, md.slot_mapping)
     out = torch.full_like(q, float("nan"))
-    tk.unified_attention(q, cache, out, *step, md.max_query_len)
+    tk.unified_attention(
+        q, cache, out, md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs, 1
+    )
     assert_close(out, ref)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_applies_rotary_and_writes_the_rotated_key(num_splits):
+    """With a rotary embedding the decode kernel rotates q and the new key itself: same output and cache as
+    the reference backend, which rotates first (head size 48: a half that is not a power of two)."""
+    num_heads, num_kv_heads, head_size = 6, 2, 48
+    q, k, v, cache, md = make_batch([(40, 1), (7, 1), (19, 1)], num_heads, num_kv_heads, head_size, 8, seed=9)
+    rope = RotaryEmbedding(head_size, 64, {"rope_type": "default", "rope_theta": 10000.0}).to(DEVICE)
+    positions = torch.tensor([39, 6, 18], device=DEVICE)
+    ref_cache = cache.clone()
+    ref = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(
+        q.clone(), k.clone(), v, ref_cache, md, rope, positions
+    )
+    out = torch.full_like(q, float("nan"))
+    rotary = (rope.cos, rope.sin, positions)
+    tk.decode_attention(q, k, v, cache, out, md, head_size**-0.5, rotary, num_splits=num_splits, tile_n=16,
+                        min_partition=16)  # fmt: skip
+    assert_close(out, ref)
+    torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=1e-6, rtol=1e-6)
 
 
 def test_decode_through_backend_heuristics():
@@ -203,24 +228,32 @@ def test_decode_through_backend_heuristics():
 
 
 def test_decode_padded_sequences_give_zeros():
-    """CUDA-graph padding rows (seq_len 0, slot -1) must neither crash nor produce NaN."""
+    """Padding rows of a CUDA-graph batch (seq_len 0, slot -1) must neither crash, nor write, nor produce NaN."""
     q, k, v, cache, md = make_batch([(20, 1), (9, 1)], 4, 2, 16, 8, seed=6)
-    ref, _ = reference(q, k, v, cache, md)
-    write_kv_cache(k, v, cache, md.slot_mapping)
+    ref, ref_cache = reference(q, k, v, cache, md)
     pad = 2
-    q_pad = torch.cat([q, torch.randn(pad, *q.shape[1:], device=DEVICE)])
-    seq_lens = torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=DEVICE)])
-    starts = torch.arange(md.num_seqs + pad + 1, dtype=torch.int32, device=DEVICE)
+    rand = [torch.randn(pad, *t.shape[1:], device=DEVICE) for t in (q, k, v)]
+    q_pad, k_pad, v_pad = (torch.cat([t, r]) for t, r in zip((q, k, v), rand))
     pad_tables = torch.zeros(pad, md.block_tables.shape[1], dtype=torch.int32, device=DEVICE)
-    tables = torch.cat([md.block_tables, pad_tables])
+    padded = AttentionMetadata(
+        num_tokens=md.num_tokens + pad,
+        num_seqs=md.num_seqs + pad,
+        max_query_len=1,
+        max_seq_len=64,
+        query_start_loc=torch.arange(md.num_seqs + pad + 1, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.cat([md.seq_lens, torch.zeros(pad, dtype=torch.int32, device=DEVICE)]),
+        block_tables=torch.cat([md.block_tables, pad_tables]),
+        slot_mapping=torch.cat([md.slot_mapping, torch.full((pad,), -1, device=DEVICE)]),
+        query_start_loc_cpu=list(range(md.num_seqs + pad + 1)),
+        seq_lens_cpu=md.seq_lens_cpu + [0] * pad,
+    )
     for num_splits in (1, 4):
-        out = torch.full_like(q_pad, float("nan"))
-        tk.decode_attention(
-            q_pad, cache, out, tables, seq_lens, starts, 0.25, md.num_seqs + pad, 64,
-            num_splits=num_splits, tile_n=16, min_partition=16,
-        )  # fmt: skip
+        out, step_cache = torch.full_like(q_pad, float("nan")), cache.clone()
+        tk.decode_attention(q_pad, k_pad, v_pad, step_cache, out, padded, 0.25, num_splits=num_splits, tile_n=16,
+                            min_partition=16)  # fmt: skip
         assert_close(out[: md.num_seqs], ref)
         assert (out[md.num_seqs :] == 0).all()
+        torch.testing.assert_close(step_cache, ref_cache, equal_nan=True, atol=0, rtol=0)
 
 
 def test_fp16_mixed_and_decode():
@@ -230,12 +263,8 @@ def test_fp16_mixed_and_decode():
         ref, _ = reference(q.float(), k.float(), v.float(), cache.float(), md)
         impl = TritonAttentionImpl(4, 2, 32, 32**-0.5)
         if md.is_decode_only:
-            write_kv_cache(k, v, cache, md.slot_mapping)
             out = torch.empty_like(q)
-            tk.decode_attention(
-                q, cache, out, md.block_tables, md.seq_lens, md.query_start_loc, 32**-0.5, md.num_seqs,
-                md.max_seq_len, num_splits=3, tile_n=16, min_partition=16,
-            )  # fmt: skip
+            tk.decode_attention(q, k, v, cache, out, md, 32**-0.5, num_splits=3, tile_n=16, min_partition=16)
         else:
             out = impl.forward(q, k, v, cache, md)
         assert out.dtype == torch.float16

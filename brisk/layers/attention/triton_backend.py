@@ -13,10 +13,10 @@ class TritonAttentionImpl(AttentionImpl):
     """Paged attention through brisk's Triton kernels (``triton_kernels.py``). The rotary embedding is applied in
     the kernel that stores the step's keys and values.
 
-    Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, whose launch reads
-    only host-side metadata (``num_seqs``, ``max_seq_len``) and shapes, so it can be captured in a CUDA graph;
-    every other step (prefill chunks with cached prefixes, mixed prefill + decode, speculative 1 + k) takes
-    the unified kernel in one launch.
+    Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, which also rotates and
+    stores the step's keys: one launch per layer, reading only host-side metadata (``num_seqs``,
+    ``max_seq_len``) and shapes, so it can be captured in a CUDA graph. Every other step (prefill chunks with
+    cached prefixes, mixed prefill + decode, speculative 1 + k) writes the cache, then takes the unified kernel.
     """
 
     def forward(
@@ -29,34 +29,23 @@ class TritonAttentionImpl(AttentionImpl):
         rotary_emb: RotaryEmbedding | None = None,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if metadata.is_decode_only:
+            rotary = (rotary_emb.cos, rotary_emb.sin, positions) if rotary_emb is not None else None
+            return tk.decode_attention(query, key, value, kv_cache, output, metadata, self.scale, rotary)
         if rotary_emb is None:
             tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         else:
             cos, sin = rotary_emb.cos, rotary_emb.sin
             tk.rope_and_write_kv_cache(positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping)
-        output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if metadata.is_decode_only:
-            tk.decode_attention(
-                query,
-                kv_cache,
-                output,
-                metadata.block_tables,
-                metadata.seq_lens,
-                metadata.query_start_loc,
-                self.scale,
-                metadata.num_seqs,
-                metadata.max_seq_len,
-            )
-        else:
-            tk.unified_attention(
-                query,
-                kv_cache,
-                output,
-                metadata.block_tables,
-                metadata.seq_lens,
-                metadata.query_start_loc,
-                self.scale,
-                metadata.num_seqs,
-                metadata.max_query_len,
-            )
-        return output
+        return tk.unified_attention(
+            query,
+            kv_cache,
+            output,
+            metadata.block_tables,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            self.scale,
+            metadata.num_seqs,
+            metadata.max_query_len,
+        )

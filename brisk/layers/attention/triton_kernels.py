@@ -3,7 +3,7 @@
 Cache layout (see ``backend.py``): ``kv_cache[2, num_blocks, block_size, num_kv_heads, head_size]``; token
 ``t`` of a sequence lives in page ``block_table[t // block_size]`` at offset ``t % block_size``.
 
-Four kernels:
+Three launchers:
 
 * ``write_kv_cache``: scatter this step's keys/values into their slots (slot ``-1`` = skip);
   ``rope_and_write_kv_cache`` applies the rotary embedding to queries and keys in the same launch.
@@ -13,13 +13,14 @@ Four kernels:
   (``BLOCK_M`` rows in all), so each KV tile is loaded once for the whole GQA group and repeated KV is never
   materialized. It walks the sequence's pages with an online softmax (fp32 statistics and accumulator,
   ``exp2`` with the scale folded in); KV tiles wholly below the block's first query skip the causal mask.
-* ``decode_attention``: decode-only batches (one query token per sequence), flash-decoding style. The grid is
+* ``decode_attention``: decode-only batches (one query token per sequence), flash-decoding style, in one launch
+  per layer: it also applies the rotary embedding and stores the step's keys and values. The grid is
   ``(seqs, kv heads, splits)``; each sequence's context is cut *in the kernel* into ``num_splits`` equal
   partitions (rounded to the KV tile, at least ``min_partition`` tokens), so the grid depends only on the
   batch size and the host-side ``max_seq_len`` bound, never on device data (CUDA-graph friendly: no sync, no
-  data-dependent allocation). Each program packs the GQA group's query heads into one tile, writes a partial
-  output and its log-sum-exp, and a reduce kernel merges the partitions. With one split the first kernel
-  writes the output directly and the reduce is skipped.
+  data-dependent allocation). Each program packs the GQA group's query heads into one tile. A sequence that
+  uses one partition gets its output written directly; otherwise each program writes a partial output and its
+  log-sum-exp, and the last one to finish merges them (no second launch).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.attention.backend import AttentionMetadata
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
 from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
 from brisk.layers.triton_ops import rotary_factors, rotate_heads
@@ -299,43 +301,80 @@ def _unified_attention_kernel(
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Split-KV decode attention
+# Split-KV decode attention (with this step's rotary embedding and KV-cache write)
 # ------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
+               HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
+    """Rows ``heads`` of one token ([R, HEAD_P2], the input dtype), rotated (rotate-half layout) at position
+    ``pos`` when ``ROTARY``, rounded as the separate rotary kernel stores them."""
+    d_mask = offs_d < HEAD_SIZE
+    mask = row_mask[:, None] & d_mask[None, :]
+    row_ptrs = base_ptr + heads[:, None] * head_stride
+    x = tl.load(row_ptrs + offs_d[None, :], mask=mask, other=0.0)
+    if ROTARY:
+        half: tl.constexpr = HEAD_SIZE // 2
+        first = offs_d < half
+        freq = tl.where(first, offs_d, offs_d - half)
+        partner = tl.load(row_ptrs + tl.where(first, offs_d + half, freq)[None, :], mask=mask, other=0.0)
+        cos = tl.load(cos_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
+        sin = tl.load(sin_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
+        sin = tl.where(first, -sin, sin)  # x1 * cos - x2 * sin | x2 * cos + x1 * sin
+        x = (x.to(tl.float32) * cos[None, :] + partner.to(tl.float32) * sin[None, :]).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _attend_new_token(q, acc, m_i, l_i, k, v, scale_log2):
+    """The online-softmax update for one key ``k`` and value ``v``, each [M, HEAD_P2] with identical rows."""
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * scale_log2
+    m_new = tl.maximum(m_i, s)
+    p = tl.exp2(s - m_new)
+    alpha = tl.exp2(m_i - m_new)
+    return acc * alpha[:, None] + p[:, None] * v.to(tl.float32), m_new, l_i * alpha + p
+
+
+@triton.jit
+def _merge_partitions(out_ptr, part_out_ptr, part_lse_ptr, row, num_used,
+                      HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr,
+                      SPLIT_TILE: tl.constexpr):  # fmt: skip
+    """One head's output from its ``num_used`` partial outputs, weighted by their log-sum-exps. The partials
+    were written by other programs of this launch: the loads bypass L1."""
+    offs_s = tl.arange(0, SPLITS_P2)
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < num_used, other=float("-inf"), cache_modifier=".cg")
+    lse_max = tl.max(lse, 0)
+    denom = tl.sum(tl.exp2(lse - lse_max), 0)
+    offs_t = tl.arange(0, SPLIT_TILE)
+    offs_d = tl.arange(0, HEAD_P2)
+    acc = tl.zeros([HEAD_P2], tl.float32)
+    for s0 in range(0, num_used, SPLIT_TILE):
+        s_mask = (s0 + offs_t) < num_used
+        lse_t = tl.load(part_lse_ptr + row + s0 + offs_t, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(part_out_ptr + (row + s0 + offs_t)[:, None] * HEAD_P2 + offs_d[None, :], mask=s_mask[:, None],
+                    other=0.0, cache_modifier=".cg")  # fmt: skip
+        acc += tl.sum(tl.exp2(lse_t - lse_max)[:, None] * o, 0)
+    tl.store(out_ptr + offs_d, (acc / denom).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_SIZE)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_attention_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    block_tables_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    scale_log2,
-    num_heads,
-    num_splits,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_cb,
-    stride_ct,
-    stride_ch,
-    stride_bt,
-    QUERIES_PER_KV: tl.constexpr,
-    QH_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_P2: tl.constexpr,
-    TILE_N: tl.constexpr,
-    ONE_SPLIT: tl.constexpr,
-    MIN_PARTITION: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, slot_mapping_ptr, cos_ptr, sin_ptr, pos_ptr,
+    scale_log2, num_heads, num_kv_heads, num_splits,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_cb, stride_ct, stride_ch, stride_bt, trig_stride,
+    QUERIES_PER_KV: tl.constexpr, QH_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr, TILE_N: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_PARTITION: tl.constexpr,
+    SPLITS_P2: tl.constexpr, SPLIT_TILE: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr,
-):
+):  # fmt: skip
+    """Program (sequence, kv head, split): the GQA group's queries (rotated here) over the split's cached keys;
+    the split that holds the new token takes its key and value from this step's input rather than the cache,
+    and stores them in the cache (no program reads that slot, so there is no race). With several splits the
+    program that finishes last, counted by an atomic per (sequence, kv head), merges the partial outputs and
+    resets its counter to zero for the next launch."""
     start_dependent_kernel(USE_PDL)
     seq_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -345,20 +384,24 @@ def _decode_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq_idx)
     partition = _decode_partition(seq_len, num_splits, TILE_N, MIN_PARTITION)
-    start = split * partition
+    num_used = tl.maximum((seq_len + partition - 1) // partition, 1)
     if not ONE_SPLIT:  # noqa: SIM102 (the outer test is compile-time)
-        if start >= seq_len:  # this sequence is too short to use this split
+        if split >= num_used:  # this sequence is too short to use this split
             return
+    start = split * partition
     end = tl.minimum(start + partition, seq_len)
-
+    cached_end = tl.minimum(end, seq_len - 1)  # the new token, at seq_len - 1, is not read from the cache
     offs_h = tl.arange(0, QH_P2)
     offs_d = tl.arange(0, HEAD_P2)
     head = kv_head * QUERIES_PER_KV + offs_h
     h_mask = offs_h < QUERIES_PER_KV
     io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
     q_tok = q_start.to(tl.int64)
-    q_ptrs = q_ptr + q_tok * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=io_mask, other=0.0)
+    pos = 0
+    if ROTARY:
+        pos = tl.load(pos_ptr + q_tok)
+    q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
+                   trig_stride, HEAD_SIZE, ROTARY)  # fmt: skip
     q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
 
     m_i = tl.full([QH_P2], float("-inf"), tl.float32)
@@ -366,88 +409,57 @@ def _decode_attention_kernel(
     acc = tl.zeros([QH_P2, HEAD_P2], tl.float32)
     block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
     kv_head_off = kv_head.to(tl.int64) * stride_ch
-    # Whole tiles first (no masks), then the sequence's last partial tile, if it falls in this split.
-    full_end = start + ((end - start) // TILE_N) * TILE_N
+    # Whole tiles first (no masks), then the last partial tile of cached keys, if it falls in this split.
+    full_end = start + tl.maximum(cached_end - start, 0) // TILE_N * TILE_N
     for t in range(start, full_end, TILE_N):
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t, end, q_pos,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t, cached_end, q_pos,
             kv_head_off, stride_cb, stride_ct, scale_log2,
             BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, False, DOT_PRECISION,
         )  # fmt: skip
-    if full_end < end:
+    if full_end < cached_end:
         acc, m_i, l_i = _attend_tile(
-            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, full_end, end, q_pos,
+            q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, full_end, cached_end, q_pos,
             kv_head_off, stride_cb, stride_ct, scale_log2,
             BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True, DOT_PRECISION,
         )  # fmt: skip
+    if end == seq_len and seq_len > 0:  # the split with the new token
+        kv_rows = kv_head + offs_h * 0  # every row is this kv head: the key broadcasts over the query rows
+        k = _head_rows(k_ptr + q_tok * stride_kt, kv_rows, stride_kh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
+                       trig_stride, HEAD_SIZE, ROTARY).to(k_cache_ptr.dtype.element_ty)  # fmt: skip
+        v = _head_rows(v_ptr + q_tok * stride_vt, kv_rows, stride_vh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
+                       trig_stride, HEAD_SIZE, False).to(v_cache_ptr.dtype.element_ty)  # fmt: skip
+        acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, k, v, scale_log2)
+        slot = tl.load(slot_mapping_ptr + q_tok)
+        if slot >= 0:  # -1: a padding row, nothing to store
+            dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + kv_head_off + offs_d
+            store_mask = (offs_h == 0)[:, None] & io_mask
+            tl.store(k_cache_ptr + dst[None, :] + offs_h[:, None] * 0, k, mask=store_mask)
+            tl.store(v_cache_ptr + dst[None, :] + offs_h[:, None] * 0, v, mask=store_mask)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    if ONE_SPLIT:
-        tl.store(
-            out_ptr + q_tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=io_mask,
-        )
+    out_ptrs = out_ptr + q_tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    if ONE_SPLIT:  # noqa: SIM114 (compile-time, then run-time: no partials for one used split)
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    elif num_used == 1:
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
     else:
         # part_out: [seqs, num_heads, num_splits, HEAD_P2] fp32; part_lse: [seqs, num_heads, num_splits].
-        row = (seq_idx.to(tl.int64) * num_heads + head) * num_splits + split  # [QH_P2]
-        tl.store(part_out_ptr + row[:, None] * HEAD_P2 + offs_d[None, :], out, mask=h_mask[:, None])
+        row = (seq_idx.to(tl.int64) * num_heads + head) * num_splits  # [QH_P2], split 0 of each head
+        tl.store(part_out_ptr + (row + split)[:, None] * HEAD_P2 + offs_d[None, :], out, mask=h_mask[:, None])
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
-        tl.store(part_lse_ptr + row, lse, mask=h_mask)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _decode_reduce_kernel(
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    num_heads,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_P2: tl.constexpr,
-    TILE_N: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    SPLIT_TILE: tl.constexpr,
-    MIN_PARTITION: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    start_dependent_kernel(USE_PDL)
-    seq_idx = tl.program_id(0)
-    head = tl.program_id(1)
-    q_start = tl.load(query_start_loc_ptr + seq_idx)
-    if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:
-        return
-    seq_len = tl.load(seq_lens_ptr + seq_idx)
-    partition = _decode_partition(seq_len, num_splits, TILE_N, MIN_PARTITION)
-    num_used = (seq_len + partition - 1) // partition
-    base = (seq_idx.to(tl.int64) * num_heads + head) * num_splits
-    offs_s = tl.arange(0, SPLITS_P2)
-    lse = tl.load(part_lse_ptr + base + offs_s, mask=offs_s < num_used, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    denom = tl.sum(tl.exp2(lse - lse_max), 0)
-
-    offs_t = tl.arange(0, SPLIT_TILE)
-    offs_d = tl.arange(0, HEAD_P2)
-    acc = tl.zeros([HEAD_P2], tl.float32)
-    for s0 in range(0, num_used, SPLIT_TILE):
-        s_mask = (s0 + offs_t) < num_used
-        w = tl.exp2(tl.load(part_lse_ptr + base + s0 + offs_t, mask=s_mask, other=float("-inf")) - lse_max)
-        o = tl.load(
-            part_out_ptr + (base + s0 + offs_t)[:, None] * HEAD_P2 + offs_d[None, :],
-            mask=s_mask[:, None],
-            other=0.0,
-        )
-        acc += tl.sum(w[:, None] * o, 0)
-    out = acc / tl.where(denom == 0.0, 1.0, denom)
-    d_mask = offs_d < HEAD_SIZE
-    out_ptrs = out_ptr + q_start.to(tl.int64) * stride_ot + head * stride_oh + offs_d
-    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+        tl.store(part_lse_ptr + row + split, lse, mask=h_mask)
+        tl.debug_barrier()  # every thread's partial stores come before the release below
+        counter = counters_ptr + seq_idx * num_kv_heads + kv_head
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_used - 1:  # the last split to finish
+            first_head = (seq_idx.to(tl.int64) * num_heads + kv_head * QUERIES_PER_KV) * num_splits
+            for h in tl.static_range(QUERIES_PER_KV):
+                _merge_partitions(
+                    out_ptr + q_tok * stride_ot + (kv_head * QUERIES_PER_KV + h) * stride_oh, part_out_ptr,
+                    part_lse_ptr, first_head + h * num_splits, num_used, HEAD_SIZE, HEAD_P2, SPLITS_P2, SPLIT_TILE,
+                )  # fmt: skip
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -460,16 +472,21 @@ def _decode_reduce_kernel(
 DECODE_PROGRAMS_PER_SM = 2
 DECODE_MIN_PARTITION = 128
 DECODE_MAX_SPLITS = 128
+# Split decode launches merge their partitions in the kernel, with one counter per (sequence, kv head). The
+# heuristic only splits batches of fewer than DECODE_PROGRAMS_PER_SM * SMs such groups, far below this.
+MAX_SPLIT_DECODE_GROUPS = 8192
 # 128-key tiles with 3 pipeline stages keep more loads in flight (3.70 vs 3.61 TB/s at 256 x 820 keys), but
 # need about 192 KB of shared memory for 128-wide heads: Hopper-class GPUs only.
 _LARGE_DECODE_TILE_SMEM = 200 * 1024
 
 
-def _decode_tile(head_p2: int, device: torch.device) -> tuple[int, int]:
-    """(keys per tile, pipeline stages) of the decode kernel."""
-    if head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
-        return 128, 3
-    return (64 if head_p2 <= 128 else 32), 2
+def _decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int, int, int]:
+    """(keys per tile, pipeline stages, fewest keys per split) of the decode kernel. A single sequence takes the
+    small tiles and 64-key splits: its launch is latency-bound, and on the H200 W3 ran at 240 to 243 tok/s that
+    way against 236 with the large tiles (docs/benchmarks.md)."""
+    if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
+        return 128, 3, DECODE_MIN_PARTITION
+    return (64 if head_p2 <= 128 else 32), 2, (64 if num_seqs == 1 else DECODE_MIN_PARTITION)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -604,16 +621,28 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
 
 
+def _split_counters(device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters, one per (sequence, kv head) of a split decode launch, that every launch leaves
+    zeroed. Allocated once per device, on the first decode launch (a CUDA graph's warm-up, before capture), so
+    that every captured graph holds the same address."""
+    counters = _SPLIT_COUNTERS.get(device)
+    if counters is None:
+        counters = _SPLIT_COUNTERS[device] = torch.zeros(MAX_SPLIT_DECODE_GROUPS, dtype=torch.int32, device=device)
+    return counters
+
+
+_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
 def decode_attention(
     query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     kv_cache: torch.Tensor,
     output: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
+    metadata: AttentionMetadata,
     scale: float,
-    num_seqs: int,
-    max_seq_len: int,
+    rotary: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     *,
     num_splits: int | None = None,
     tile_n: int | None = None,
@@ -621,52 +650,52 @@ def decode_attention(
     num_warps: int = 4,
     num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Split-KV attention for a decode-only batch (each sequence has at most one query token).
+    """Split-KV attention for a decode-only batch (each sequence has at most one query token), which also
+    stores this step's ``key``/``value`` in ``kv_cache`` at ``metadata.slot_mapping``: one launch per layer.
 
-    ``max_seq_len`` is a host-side upper bound on ``seq_lens`` and only shapes the grid; the actual partition
-    of each sequence is computed in the kernel from its own length. ``num_splits``, ``tile_n``,
-    ``min_partition``, ``num_warps`` and ``num_stages`` override the heuristics (tests, tuning). Nothing here
-    reads device data on the host.
+    ``rotary = (cos, sin, positions)`` rotates the queries and keys first (rotate-half layout, as
+    ``apply_rotary``); the cache then holds the rotated keys. ``metadata.max_seq_len`` is a host-side upper
+    bound on ``seq_lens`` and only shapes the grid; the partition of each sequence is computed in the kernel from
+    its own length. ``num_splits``, ``tile_n``, ``min_partition``, ``num_warps`` and ``num_stages`` override the
+    heuristics (tests, tuning). Nothing here reads device data on the host.
     """
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    num_seqs = metadata.num_seqs
     assert num_heads % num_kv_heads == 0 and output.stride(-1) == 1
     if num_tokens == 0 or num_seqs == 0:
         return output
-    query = _last_dim_contiguous(query)
+    query, key, value = (_last_dim_contiguous(t) for t in (query, key, value))
     k_cache, v_cache = kv_cache[0], kv_cache[1]
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     qpk = num_heads // num_kv_heads
     head_p2 = max(16, triton.next_power_of_2(head_size))
-    qh_p2 = max(16, triton.next_power_of_2(qpk))
-    default_tile, default_stages = _decode_tile(head_p2, query.device)
+    default_tile, default_stages, default_partition = _decode_tile(head_p2, num_seqs, query.device)
     tile_n, num_stages = tile_n or default_tile, num_stages or default_stages
-    min_partition = triton.cdiv(min_partition or DECODE_MIN_PARTITION, tile_n) * tile_n
+    min_partition = triton.cdiv(min_partition or default_partition, tile_n) * tile_n
     if num_splits is None:
-        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)
-    precision = _dot_precision(query.dtype)
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, metadata.max_seq_len, query.device)
+    counters = _split_counters(query.device)
     if num_splits == 1:
         part_out = part_lse = output  # unused
     else:
+        assert num_seqs * num_kv_heads <= counters.numel(), "more split decode groups than counters"
         f32 = dict(dtype=torch.float32, device=query.device)
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_p2, **f32)
         part_lse = torch.empty(num_seqs, num_heads, num_splits, **f32)
+    cos, sin, positions = rotary if rotary is not None else (query, query, metadata.slot_mapping)
+    assert cos.stride(-1) == 1
+    splits_p2 = triton.next_power_of_2(num_splits)
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, output, part_out, part_lse, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_heads, num_splits,
-        query.stride(0), query.stride(1), output.stride(0), output.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        QUERIES_PER_KV=qpk, QH_P2=qh_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
-        TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, DOT_PRECISION=precision,
+        query, key, value, k_cache, v_cache, output, part_out, part_lse, counters,
+        metadata.block_tables, metadata.seq_lens, metadata.query_start_loc, metadata.slot_mapping, cos, sin, positions,
+        scale * LOG2E, num_heads, num_kv_heads, num_splits,
+        query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        output.stride(0), output.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        metadata.block_tables.stride(0), cos.stride(0),
+        QUERIES_PER_KV=qpk, QH_P2=max(16, triton.next_power_of_2(qpk)), BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
+        HEAD_P2=head_p2, TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, SPLITS_P2=splits_p2,
+        SPLIT_TILE=min(16, splits_p2), ROTARY=rotary is not None, DOT_PRECISION=_dot_precision(query.dtype),
         num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device, num_seqs),
     )  # fmt: skip
-    if num_splits > 1:
-        splits_p2 = triton.next_power_of_2(num_splits)
-        _decode_reduce_kernel[(num_seqs, num_heads)](
-            output, part_out, part_lse, seq_lens, query_start_loc, num_heads, num_splits,
-            output.stride(0), output.stride(1),
-            HEAD_SIZE=head_size, HEAD_P2=head_p2, TILE_N=tile_n, SPLITS_P2=splits_p2,
-            SPLIT_TILE=min(16, splits_p2), MIN_PARTITION=min_partition,
-            num_warps=1 if head_p2 <= 64 else 2, **pdl_launch_options(query.device, num_seqs),
-        )  # fmt: skip
     return output
