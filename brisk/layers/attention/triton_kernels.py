@@ -25,6 +25,8 @@ Three launchers:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -621,17 +623,12 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device
     return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
 
 
+@functools.cache
 def _split_counters(device: torch.device) -> torch.Tensor:
     """Zeroed int32 counters, one per (sequence, kv head) of a split decode launch, that every launch leaves
     zeroed. Allocated once per device, on the first decode launch (a CUDA graph's warm-up, before capture), so
     that every captured graph holds the same address."""
-    counters = _SPLIT_COUNTERS.get(device)
-    if counters is None:
-        counters = _SPLIT_COUNTERS[device] = torch.zeros(MAX_SPLIT_DECODE_GROUPS, dtype=torch.int32, device=device)
-    return counters
-
-
-_SPLIT_COUNTERS: dict[torch.device, torch.Tensor] = {}
+    return torch.zeros(MAX_SPLIT_DECODE_GROUPS, dtype=torch.int32, device=device)
 
 
 def decode_attention(
