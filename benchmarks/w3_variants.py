@@ -1,0 +1,49 @@
+"""W3 (`brisk bench latency` on the Llama-3.1-8B shape) with the decode-attention launch changed, on a GPU (not a
+test): the figures of docs/benchmarks.md's "Where W3's time goes".
+
+    python benchmarks/w3_variants.py OUT.json [tile=64 stages=2 part=64 splits=1 | no-attention]
+
+``tile``, ``stages`` and ``part`` replace the decode kernel's keys per tile, pipeline stages and fewest keys per
+split; ``splits`` its split count; ``no-attention`` skips attention on decode steps (an empty output, no
+kernel), which leaves the weight reads and everything else of the step.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from brisk.entrypoints.cli.main import main
+from brisk.layers.attention import triton_backend
+from brisk.layers.attention import triton_kernels as tk
+
+
+def patch(options: list[str]) -> None:
+    settings = dict(option.split("=") for option in options if "=" in option)
+    if "no-attention" in options:
+        forward = triton_backend.TritonAttentionImpl.forward
+
+        def skip_decode(self, query, key, value, kv_cache, metadata, rotary_emb=None, positions=None):
+            if metadata.is_decode_only:
+                return torch.empty(query.shape, dtype=query.dtype, device=query.device)
+            return forward(self, query, key, value, kv_cache, metadata, rotary_emb, positions)
+
+        triton_backend.TritonAttentionImpl.forward = skip_decode
+    if {"tile", "stages", "part"} & settings.keys():
+        default = tk._decode_tile
+
+        def decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int, int, int]:
+            tile, stages, part = default(head_p2, num_seqs, device)
+            return (int(settings.get("tile", tile)), int(settings.get("stages", stages)),
+                    int(settings.get("part", part)))  # fmt: skip
+
+        tk._decode_tile = decode_tile
+    if "splits" in settings:
+        tk.decode_num_splits = lambda *args: int(settings["splits"])
+
+
+if __name__ == "__main__":
+    patch(sys.argv[2:])
+    sys.argv = ["brisk", "bench", "latency", "--model", "llama-3.1-8b-shape", "--output-json", sys.argv[1]]
+    main()
