@@ -1,7 +1,12 @@
 """Profile one W1-like decode step on a GPU (not a test): 256 requests with ~820-token contexts on the
 Llama-3.1-8B shape (random weights), the step's wall time, then the CUDA kernels of 5 steps by total time.
 
-    python benchmarks/profile_decode_step.py [--requests 256] [--prompt-len 800]
+    python benchmarks/profile_decode_step.py [--requests 256] [--prompt-len 800] [--trace TRACE.json]
+
+``--trace`` also writes the kernels' Chrome trace and prints each kernel kind's share of the critical path:
+how far each kernel moves the latest end time seen so far. Under programmatic dependent launch a kernel
+starts before its predecessor ends, so its duration overstates its cost; the end-time increments do not
+(their sum is the step's GPU time, gaps included).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections import defaultdict
 
 import numpy as np
 import torch
@@ -25,6 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=800)
+    parser.add_argument("--trace", help="write the profiled kernels as a Chrome trace here")
     args = parser.parse_args()
     folder = tempfile.mkdtemp()
     with open(f"{folder}/config.json", "w") as f:
@@ -49,6 +56,27 @@ def main() -> None:
         for _ in range(5):
             engine.step()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=50))
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
+        print_critical_path(args.trace, steps=5)
+
+
+def print_critical_path(trace_path: str, steps: int) -> None:
+    """Per kernel kind: launches per step, mean duration, and mean and per-step sum of end-time increments."""
+    with open(trace_path) as f:
+        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    kernels.sort(key=lambda e: e["ts"])
+    kinds: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    latest_end = kernels[0]["ts"]
+    for kernel in kernels:
+        end = kernel["ts"] + kernel["dur"]
+        kinds[kernel["name"][:60]].append((kernel["dur"], max(0.0, end - latest_end)))
+        latest_end = max(latest_end, end)
+    print(f"{'kernel':60} {'/step':>6} {'dur us':>8} {'incr us':>8} {'incr/step us':>13}")
+    for name, rows in sorted(kinds.items(), key=lambda kv: -sum(r[1] for r in kv[1])):
+        durations, increments = zip(*rows)
+        print(f"{name:60} {len(rows) / steps:6.1f} {np.mean(durations):8.2f} {np.mean(increments):8.2f} "
+              f"{sum(increments) / steps:13.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

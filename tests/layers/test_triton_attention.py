@@ -173,10 +173,11 @@ def test_unified_handles_empty_query_and_strided_io():
     "num_heads,num_kv_heads,head_size,block_size",
     [(2, 2, 16, 8), (4, 2, 32, 16), (4, 1, 64, 8), (3, 1, 48, 16)],
 )
-def test_decode_split_kv_matches_reference(num_heads, num_kv_heads, head_size, block_size):
+@pytest.mark.parametrize("seqs", [[(70, 1), (1, 1), (33, 1), (50, 1)], [(70, 1)]])
+def test_decode_split_kv_matches_reference(seqs, num_heads, num_kv_heads, head_size, block_size):
     """Decode-only batch with several partitions per sequence, including splits left empty by short ones: the
-    kernel stores the step's keys/values itself and the last split of each group merges the partials."""
-    seqs = [(70, 1), (1, 1), (33, 1), (50, 1)]
+    kernel stores the step's keys/values itself and the last split of each group merges the partials. A single
+    sequence takes the kernel's other path (its first KV tile loaded before the wait for the QKV projection)."""
     q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, block_size, seed=3)
     ref, ref_cache = reference(q, k, v, cache, md)
     for num_splits in (1, 4, 8):
@@ -196,13 +197,14 @@ def test_decode_split_kv_matches_reference(num_heads, num_kv_heads, head_size, b
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_applies_rotary_and_writes_the_rotated_key(num_splits):
+@pytest.mark.parametrize("seq_lens", [[40, 7, 19], [40]])
+def test_decode_applies_rotary_and_writes_the_rotated_key(seq_lens, num_splits):
     """With a rotary embedding the decode kernel rotates q and the new key itself: same output and cache as
     the reference backend, which rotates first (head size 48: a half that is not a power of two)."""
     num_heads, num_kv_heads, head_size = 6, 2, 48
-    q, k, v, cache, md = make_batch([(40, 1), (7, 1), (19, 1)], num_heads, num_kv_heads, head_size, 8, seed=9)
+    q, k, v, cache, md = make_batch([(n, 1) for n in seq_lens], num_heads, num_kv_heads, head_size, 8, seed=9)
     rope = RotaryEmbedding(head_size, 64, {"rope_type": "default", "rope_theta": 10000.0}).to(DEVICE)
-    positions = torch.tensor([39, 6, 18], device=DEVICE)
+    positions = torch.tensor([n - 1 for n in seq_lens], device=DEVICE)
     ref_cache = cache.clone()
     ref = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(
         q.clone(), k.clone(), v, ref_cache, md, rope, positions

@@ -14,9 +14,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (out features, in features): odd sizes leave partial output blocks and K tiles. Inputs of up to 4096 take the
 # resident kernel, the input of 4200 the tiled kernel over three K tiles.
 SHAPES = [(37, 96), (12, 4200)]
-# 1,101 outputs are 551 blocks of 2: some of the resident kernel's 528 programs (4 per SM; the interpreter counts
-# 132 SMs) walk two of them.
-WALKING = (1101, 40)
+# 2,201 outputs are 1,101 blocks of 2: the resident kernel's 528 programs (4 per SM; the interpreter counts 132 SMs)
+# walk two or three of them, so both of a program's tile slots are reloaded and the last block is partial.
+WALKING = (2201, 40)
 
 
 def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

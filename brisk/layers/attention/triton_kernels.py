@@ -33,7 +33,7 @@ import triton.language as tl
 
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
-from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
+from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, start_dependent_kernel, wait_for_previous_kernel
 from brisk.layers.triton_ops import rotary_factors, rotate_heads
 
 LOG2E = 1.4426950408889634
@@ -117,34 +117,12 @@ def _rope_and_write_kv_kernel(
 
 
 @triton.jit
-def _attend_tile(
-    q,
-    acc,
-    m_i,
-    l_i,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_table_ptr,
-    tile_start,
-    kv_len,
-    q_pos,
-    kv_head_off,
-    stride_cb,
-    stride_ct,
-    scale_log2,
-    BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr,
-    HEAD_SIZE: tl.constexpr,
-    HEAD_P2: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """One KV tile of the online softmax: keys ``tile_start .. tile_start + TILE_N`` of one sequence.
-
-    ``q``: [M, HEAD_P2] query rows; ``q_pos``: [M] their positions in the sequence. With ``MASKED`` keys
-    at positions ``>= kv_len`` or ``> q_pos`` are dropped; without it the caller guarantees every key of the
-    tile is visible to every row (so no bounds or causal checks are spent).
-    """
+def _load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_ptr, tile_start, kv_len, kv_head_off, stride_cb, stride_ct,
+                  BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr,
+                  MASKED: tl.constexpr):  # fmt: skip
+    """Keys ``[HEAD_P2, TILE_N]`` and values ``[TILE_N, HEAD_P2]`` at positions ``tile_start .. tile_start +
+    TILE_N`` of one sequence; with ``MASKED`` positions ``>= kv_len`` read as zeros, without it the caller
+    guarantees the whole tile is below ``kv_len``."""
     offs_n = tile_start + tl.arange(0, TILE_N)
     offs_d = tl.arange(0, HEAD_P2)
     n_mask = offs_n < kv_len
@@ -171,10 +149,19 @@ def _attend_tile(
             d_mask = offs_d < HEAD_SIZE
             k = tl.load(k_ptrs, mask=d_mask[:, None], other=0.0)
             v = tl.load(v_ptrs, mask=d_mask[None, :], other=0.0)
+    return k, v
 
+
+@triton.jit
+def _attend_kv(q, acc, m_i, l_i, k, v, tile_start, kv_len, q_pos, scale_log2,
+               TILE_N: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """The online-softmax update of ``q`` ([M, HEAD_P2] query rows at positions ``q_pos``) with one loaded KV
+    tile (``_load_kv_tile``). With ``MASKED`` keys at positions ``>= kv_len`` or ``> q_pos`` are dropped;
+    without it every key of the tile is visible to every row (so no bounds or causal checks are spent)."""
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * scale_log2  # [M, TILE_N] fp32, log2 units
     if MASKED:
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        offs_n = tile_start + tl.arange(0, TILE_N)
+        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < kv_len)[None, :]
         s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet stay exact zeros
@@ -183,6 +170,36 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    tile_start,
+    kv_len,
+    q_pos,
+    kv_head_off,
+    stride_cb,
+    stride_ct,
+    scale_log2,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_P2: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One KV tile of the online softmax: keys ``tile_start .. tile_start + TILE_N`` of one sequence, loaded
+    (``_load_kv_tile``) and attended (``_attend_kv``)."""
+    k, v = _load_kv_tile(k_cache_ptr, v_cache_ptr, block_table_ptr, tile_start, kv_len, kv_head_off, stride_cb,
+                         stride_ct, BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, MASKED)  # fmt: skip
+    return _attend_kv(q, acc, m_i, l_i, k, v, tile_start, kv_len, q_pos, scale_log2, TILE_N, MASKED, DOT_PRECISION)
 
 
 @triton.jit
@@ -339,25 +356,37 @@ def _attend_new_token(q, acc, m_i, l_i, k, v, scale_log2):
 
 
 @triton.jit
-def _merge_partitions(out_ptr, part_out_ptr, part_lse_ptr, row, num_used,
-                      HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, SPLITS_P2: tl.constexpr,
-                      SPLIT_TILE: tl.constexpr):  # fmt: skip
-    """One head's output from its ``num_used`` partial outputs, weighted by their log-sum-exps. The partials
-    were written by other programs of this launch: the loads bypass L1."""
-    offs_s = tl.arange(0, SPLITS_P2)
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=offs_s < num_used, other=float("-inf"), cache_modifier=".cg")
-    lse_max = tl.max(lse, 0)
-    denom = tl.sum(tl.exp2(lse - lse_max), 0)
+def _merge_partitions(out_ptr, stride_oh, part_out_ptr, part_lse_ptr, first_row, num_splits, num_used,
+                      QUERIES_PER_KV: tl.constexpr, QPK_P2: tl.constexpr, HEAD_SIZE: tl.constexpr,
+                      HEAD_P2: tl.constexpr, SPLIT_TILE: tl.constexpr):  # fmt: skip
+    """The GQA group's outputs (``out_ptr`` points at its first head) from their ``num_used`` partial outputs,
+    weighted by their log-sum-exps: all heads at once, ``SPLIT_TILE`` partitions per load, with an online
+    rescale, so that a few partitions cost a single round trip. The partials were written by other programs of
+    this launch: the loads bypass L1."""
+    offs_h = tl.arange(0, QPK_P2)
     offs_t = tl.arange(0, SPLIT_TILE)
     offs_d = tl.arange(0, HEAD_P2)
-    acc = tl.zeros([HEAD_P2], tl.float32)
+    h_mask = offs_h < QUERIES_PER_KV
+    rows = first_row + offs_h * num_splits  # [QPK_P2]: split 0 of each head
+    m = tl.full([QPK_P2], float("-inf"), tl.float32)
+    denom = tl.zeros([QPK_P2], tl.float32)
+    acc = tl.zeros([QPK_P2, HEAD_P2], tl.float32)
     for s0 in range(0, num_used, SPLIT_TILE):
-        s_mask = (s0 + offs_t) < num_used
-        lse_t = tl.load(part_lse_ptr + row + s0 + offs_t, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(part_out_ptr + (row + s0 + offs_t)[:, None] * HEAD_P2 + offs_d[None, :], mask=s_mask[:, None],
+        mask = h_mask[:, None] & ((s0 + offs_t) < num_used)[None, :]  # [QPK_P2, SPLIT_TILE]
+        part = rows[:, None] + s0 + offs_t[None, :]
+        lse = tl.load(part_lse_ptr + part, mask=mask, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(part_out_ptr + part[:, :, None] * HEAD_P2 + offs_d[None, None, :], mask=mask[:, :, None],
                     other=0.0, cache_modifier=".cg")  # fmt: skip
-        acc += tl.sum(tl.exp2(lse_t - lse_max)[:, None] * o, 0)
-    tl.store(out_ptr + offs_d, (acc / denom).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_SIZE)
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_use)
+        weight = tl.exp2(lse - m_use[:, None])
+        denom = denom * alpha + tl.sum(weight, 1)
+        acc = acc * alpha[:, None] + tl.sum(weight[:, :, None] * o, 1)
+        m = m_new
+    out_ptrs = out_ptr + offs_h[:, None] * stride_oh + offs_d[None, :]
+    out = acc / tl.where(denom == 0.0, 1.0, denom)[:, None]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -367,53 +396,84 @@ def _decode_attention_kernel(
     scale_log2, num_heads, num_kv_heads, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_bt, trig_stride,
-    QUERIES_PER_KV: tl.constexpr, QH_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    HEAD_P2: tl.constexpr, TILE_N: tl.constexpr, ONE_SPLIT: tl.constexpr, MIN_PARTITION: tl.constexpr,
-    SPLITS_P2: tl.constexpr, SPLIT_TILE: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    QUERIES_PER_KV: tl.constexpr, QH_P2: tl.constexpr, QPK_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, TILE_N: tl.constexpr, ONE_SPLIT: tl.constexpr,
+    MIN_PARTITION: tl.constexpr, SPLIT_TILE: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRELOAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, kv head, split): the GQA group's queries (rotated here) over the split's cached keys;
     the split that holds the new token takes its key and value from this step's input rather than the cache,
     and stores them in the cache (no program reads that slot, so there is no race). With several splits the
     program that finishes last, counted by an atomic per (sequence, kv head), merges the partial outputs and
-    resets its counter to zero for the next launch."""
-    start_dependent_kernel(USE_PDL)
+    resets its counter to zero for the next launch.
+
+    Under PDL the program reads, before it waits for the QKV projection, everything that does not depend on
+    it: the step's metadata (copied in before the step's first kernel), the rotary position and the cache slot,
+    and with ``PRELOAD`` the split's first KV tile (cached keys, written by earlier steps); a split beyond the
+    sequence's length exits there and frees its SM for the next kernel's early start. At batch 1 that takes the
+    metadata, block table and key loads off the critical path: after the wait the program loads the step's
+    query, key and value (one round trip) and computes. (Larger batches skip the preload: a tile held in
+    registers outside the pipelined loop costs them occupancy, and they launch without PDL.)
+    """
+    allow_next_kernel(USE_PDL)
     seq_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq_idx)
-    if tl.load(query_start_loc_ptr + seq_idx + 1) <= q_start:  # no query token for this sequence
-        return
+    has_query = tl.load(query_start_loc_ptr + seq_idx + 1) > q_start  # padding sequences have none
     seq_len = tl.load(seq_lens_ptr + seq_idx)
     partition = _decode_partition(seq_len, num_splits, TILE_N, MIN_PARTITION)
     num_used = tl.maximum((seq_len + partition - 1) // partition, 1)
-    if not ONE_SPLIT:  # noqa: SIM102 (the outer test is compile-time)
-        if split >= num_used:  # this sequence is too short to use this split
-            return
+    # Split 0 always waits, so the launch never completes before the kernel it depends on.
+    if split > 0 and (split >= num_used or not has_query):
+        return
     start = split * partition
     end = tl.minimum(start + partition, seq_len)
     cached_end = tl.minimum(end, seq_len - 1)  # the new token, at seq_len - 1, is not read from the cache
+    q_tok = q_start.to(tl.int64)
+    pos = 0
+    if ROTARY:
+        pos = tl.load(pos_ptr + q_tok, mask=has_query, other=0)
+    slot = tl.load(slot_mapping_ptr + q_tok, mask=has_query, other=-1)
+    block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
+    kv_head_off = kv_head.to(tl.int64) * stride_ch
+    if PRELOAD:
+        first_end = tl.minimum(start + TILE_N, cached_end)
+        first_k, first_v = _load_kv_tile(
+            k_cache_ptr, v_cache_ptr, block_table_ptr, start, first_end, kv_head_off, stride_cb, stride_ct,
+            BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True,
+        )  # fmt: skip
+    wait_for_previous_kernel(USE_PDL)
+    if not has_query:
+        return
+
     offs_h = tl.arange(0, QH_P2)
     offs_d = tl.arange(0, HEAD_P2)
     head = kv_head * QUERIES_PER_KV + offs_h
     h_mask = offs_h < QUERIES_PER_KV
     io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
-    q_tok = q_start.to(tl.int64)
-    pos = 0
-    if ROTARY:
-        pos = tl.load(pos_ptr + q_tok)
+    holds_new_token = (end == seq_len) & (seq_len > 0)  # padding rows of a graph batch have seq_len 0
     q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
                    trig_stride, HEAD_SIZE, ROTARY)  # fmt: skip
+    kv_rows = kv_head + offs_h * 0  # every row is this kv head: the new key broadcasts over the query rows
+    new_mask = h_mask & ((offs_h * 0 + holds_new_token) != 0)  # a tensor: the interpreter masks with tensors only
+    new_k = _head_rows(k_ptr + q_tok * stride_kt, kv_rows, stride_kh, new_mask, offs_d, cos_ptr, sin_ptr, pos,
+                       trig_stride, HEAD_SIZE, ROTARY).to(k_cache_ptr.dtype.element_ty)  # fmt: skip
+    new_v = _head_rows(v_ptr + q_tok * stride_vt, kv_rows, stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos,
+                       trig_stride, HEAD_SIZE, False).to(v_cache_ptr.dtype.element_ty)  # fmt: skip
     q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
 
     m_i = tl.full([QH_P2], float("-inf"), tl.float32)
     l_i = tl.zeros([QH_P2], tl.float32)
     acc = tl.zeros([QH_P2, HEAD_P2], tl.float32)
-    block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
-    kv_head_off = kv_head.to(tl.int64) * stride_ch
-    # Whole tiles first (no masks), then the last partial tile of cached keys, if it falls in this split.
-    full_end = start + tl.maximum(cached_end - start, 0) // TILE_N * TILE_N
-    for t in range(start, full_end, TILE_N):
+    rest = start
+    if PRELOAD:
+        acc, m_i, l_i = _attend_kv(q, acc, m_i, l_i, first_k, first_v, start, first_end, q_pos, scale_log2, TILE_N,
+                                   True, DOT_PRECISION)  # fmt: skip
+        rest = start + TILE_N
+    # Whole tiles (no masks), then the last partial tile of cached keys, if it falls in this split.
+    full_end = rest + tl.maximum(cached_end - rest, 0) // TILE_N * TILE_N
+    for t in range(rest, full_end, TILE_N):
         acc, m_i, l_i = _attend_tile(
             q, acc, m_i, l_i, k_cache_ptr, v_cache_ptr, block_table_ptr, t, cached_end, q_pos,
             kv_head_off, stride_cb, stride_ct, scale_log2,
@@ -425,19 +485,13 @@ def _decode_attention_kernel(
             kv_head_off, stride_cb, stride_ct, scale_log2,
             BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True, DOT_PRECISION,
         )  # fmt: skip
-    if end == seq_len and seq_len > 0:  # the split with the new token
-        kv_rows = kv_head + offs_h * 0  # every row is this kv head: the key broadcasts over the query rows
-        k = _head_rows(k_ptr + q_tok * stride_kt, kv_rows, stride_kh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
-                       trig_stride, HEAD_SIZE, ROTARY).to(k_cache_ptr.dtype.element_ty)  # fmt: skip
-        v = _head_rows(v_ptr + q_tok * stride_vt, kv_rows, stride_vh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
-                       trig_stride, HEAD_SIZE, False).to(v_cache_ptr.dtype.element_ty)  # fmt: skip
-        acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, k, v, scale_log2)
-        slot = tl.load(slot_mapping_ptr + q_tok)
+    if holds_new_token:
+        acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, new_k, new_v, scale_log2)
         if slot >= 0:  # -1: a padding row, nothing to store
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + kv_head_off + offs_d
             store_mask = (offs_h == 0)[:, None] & io_mask
-            tl.store(k_cache_ptr + dst[None, :] + offs_h[:, None] * 0, k, mask=store_mask)
-            tl.store(v_cache_ptr + dst[None, :] + offs_h[:, None] * 0, v, mask=store_mask)
+            tl.store(k_cache_ptr + dst[None, :] + offs_h[:, None] * 0, new_k, mask=store_mask)
+            tl.store(v_cache_ptr + dst[None, :] + offs_h[:, None] * 0, new_v, mask=store_mask)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -455,12 +509,12 @@ def _decode_attention_kernel(
         tl.debug_barrier()  # every thread's partial stores come before the release below
         counter = counters_ptr + seq_idx * num_kv_heads + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_used - 1:  # the last split to finish
-            first_head = (seq_idx.to(tl.int64) * num_heads + kv_head * QUERIES_PER_KV) * num_splits
-            for h in tl.static_range(QUERIES_PER_KV):
-                _merge_partitions(
-                    out_ptr + q_tok * stride_ot + (kv_head * QUERIES_PER_KV + h) * stride_oh, part_out_ptr,
-                    part_lse_ptr, first_head + h * num_splits, num_used, HEAD_SIZE, HEAD_P2, SPLITS_P2, SPLIT_TILE,
-                )  # fmt: skip
+            first_head = kv_head * QUERIES_PER_KV
+            _merge_partitions(
+                out_ptr + q_tok * stride_ot + first_head * stride_oh, stride_oh, part_out_ptr, part_lse_ptr,
+                (seq_idx.to(tl.int64) * num_heads + first_head) * num_splits, num_splits, num_used,
+                QUERIES_PER_KV, QPK_P2, HEAD_SIZE, HEAD_P2, SPLIT_TILE,
+            )  # fmt: skip
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
@@ -682,7 +736,9 @@ def decode_attention(
         part_lse = torch.empty(num_seqs, num_heads, num_splits, **f32)
     cos, sin, positions = rotary if rotary is not None else (query, query, metadata.slot_mapping)
     assert cos.stride(-1) == 1
-    splits_p2 = triton.next_power_of_2(num_splits)
+    qpk_p2 = triton.next_power_of_2(qpk)
+    # The merge holds [heads of a group, SPLIT_TILE partitions, head_p2] fp32 values: about 32 per thread.
+    split_tile = max(1, min(triton.next_power_of_2(num_splits), 32 * 32 * num_warps // (qpk_p2 * head_p2)))
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key, value, k_cache, v_cache, output, part_out, part_lse, counters,
         metadata.block_tables, metadata.seq_lens, metadata.query_start_loc, metadata.slot_mapping, cos, sin, positions,
@@ -690,9 +746,9 @@ def decode_attention(
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         output.stride(0), output.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         metadata.block_tables.stride(0), cos.stride(0),
-        QUERIES_PER_KV=qpk, QH_P2=max(16, triton.next_power_of_2(qpk)), BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
-        HEAD_P2=head_p2, TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, SPLITS_P2=splits_p2,
-        SPLIT_TILE=min(16, splits_p2), ROTARY=rotary is not None, DOT_PRECISION=_dot_precision(query.dtype),
+        QUERIES_PER_KV=qpk, QH_P2=max(16, qpk_p2), QPK_P2=qpk_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
+        HEAD_P2=head_p2, TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, SPLIT_TILE=split_tile,
+        ROTARY=rotary is not None, DOT_PRECISION=_dot_precision(query.dtype), PRELOAD=num_seqs == 1,
         num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device, num_seqs),
     )  # fmt: skip
     return output
