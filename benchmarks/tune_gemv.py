@@ -77,10 +77,10 @@ def sweep_projection(name: str, layers: int, top: int) -> None:
         for bn, bk, warps in itertools.product((4, 8, 16), (1024, 2048, 4096), (4, 8))
         if bk <= triton.next_power_of_2(k) and bn * bk <= 128 * 32 * warps
     ]
-    resident = [
+    resident = [  # the input and up to two 32K-element weight tiles per program stay in registers
         GemvConfig(bn, triton.next_power_of_2(k), warps, per_sm)
-        for bn, warps, per_sm in itertools.product((2, 4, 8), (4, 8), (1, 2, 4, 8))
-        if k <= 8192
+        for bn, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8), (1, 2, 4, 8))
+        if bn * triton.next_power_of_2(k) <= 32768
     ]
     configs = [None, *tiled, *resident]
     for config in configs:

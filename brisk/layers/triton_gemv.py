@@ -30,10 +30,9 @@ PROLOGUE_SILU_AND_MUL: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
-def _rms_normalize(x, rstd, norm_ptr, cols, col_mask):
+def _rms_normalize(x, rstd, norm_w):
     normed = (x.to(tl.float32) * rstd).to(x.dtype)
-    w = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
-    return (normed.to(tl.float32) * w.to(tl.float32)).to(x.dtype)
+    return (normed.to(tl.float32) * norm_w.to(tl.float32)).to(x.dtype)
 
 
 @triton.jit
@@ -50,7 +49,7 @@ def _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, rstd,
         r = tl.load(residual_ptr + cols, mask=col_mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
     if PROLOGUE == PROLOGUE_RMS_NORM:
-        x = _rms_normalize(x, rstd, norm_ptr, cols, col_mask)
+        x = _rms_normalize(x, rstd, tl.load(norm_ptr + cols, mask=col_mask, other=0.0))
     return x
 
 
@@ -98,6 +97,8 @@ def _gemv_resident_kernel(
     col_mask = cols < K
     allow_next_kernel(USE_PDL)
     w = _weight_tile(weight_ptr, pid, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
+    if PROLOGUE == PROLOGUE_RMS_NORM:  # a weight too: loaded before the wait, not after the residual store
+        norm_w = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
     wait_for_previous_kernel(USE_PDL)
 
     if PROLOGUE == PROLOGUE_RMS_NORM:
@@ -105,7 +106,7 @@ def _gemv_resident_kernel(
         if HAS_RESIDUAL:
             _store_residual(residual_out_ptr, x, pid, cols, col_mask)
         xf = x.to(tl.float32)
-        x = _rms_normalize(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_ptr, cols, col_mask)
+        x = _rms_normalize(x, tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps), norm_w)
     else:
         x = _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, 0.0, PROLOGUE, HAS_RESIDUAL)
 
