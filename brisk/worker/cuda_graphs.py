@@ -48,9 +48,10 @@ class DecodeGraphs:
     def capture(self) -> None:
         start = time.perf_counter()
         buffers = self.buffers
-        buffers.fill_padding(0, self.sizes[-1], 0, self.sizes[-1])
+        buffers.begin_step(self.sizes[-1], self.sizes[-1])
+        buffers.fill_padding(0, 0)
         buffers.np_block_table[: self.sizes[-1]] = 0
-        buffers.copy_to_device(self.sizes[-1], self.sizes[-1])
+        buffers.upload(block_width=1, sampled=None)
         pool = None
         stream = torch.cuda.Stream()
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool

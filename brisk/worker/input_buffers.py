@@ -1,12 +1,22 @@
-"""Persistent per-step input buffers: filled on the host, copied to the device in one non-blocking batch.
+"""Persistent per-step input buffers: packed on the host, moved to the device in one copy, unpacked in one kernel.
 
-Keeping them allocated for the engine's life means no per-step allocation, pinned host memory on GPUs (so the
-copies are asynchronous), and fixed device addresses, which CUDA graphs need for their inputs. With async
-scheduling the host fills step N+1 while step N's copies may still be queued, so filling first waits for the
-previous copies (an event that has almost always fired by then).
+The model and the CUDA graphs read fixed device buffers (input ids, positions, slot mapping, sequence lengths,
+query start locations, block table); a graph replays with whatever they hold. The host packs a step's values
+into one int32 staging array (pinned on GPUs, so the copy is asynchronous) laid out for that step:
+
+    [input ids: T | positions: T | slots: T | seq_lens: S | query_start_loc: S + 1 | block table: S x W]
+
+with T tokens, S sequences and W the widest row of block ids the step reads. An input id ``-1 - j`` stands for row
+``j`` of the previous step's sampled ids, still on the device (async scheduling: the host has not seen it yet).
+One copy and one unpack launch (``triton_step_inputs.py``) replace a copy per buffer plus the indexing kernels
+that fed sampled tokens. With async scheduling the host packs step N+1 while step N's copy may still be queued,
+so packing first waits for the previous copy (an event that has almost always fired by then).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,49 +31,49 @@ def to_device_async(values: list, dtype: torch.dtype, device: torch.device) -> t
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
+class StepInputs(NamedTuple):
+    """Views of the staging array, laid out for one step, that the host fills."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
         self.device = device
-        pin = device.type == "cuda"
-
-        def host(*shape, dtype):
-            return torch.zeros(shape, dtype=dtype, pin_memory=pin)
-
-        self.input_ids = host(max_tokens, dtype=torch.int64)
-        self.positions = host(max_tokens, dtype=torch.int64)
-        self.slot_mapping = host(max_tokens, dtype=torch.int64)
-        self.seq_lens = host(max_seqs, dtype=torch.int32)
-        self.query_start_loc = host(max_seqs + 1, dtype=torch.int32)
-        self.block_table = host(max_seqs, max_blocks_per_seq, dtype=torch.int32)
-        # Rows of (destination token index, source row of the previous step's sampled ids), see feed_sampled.
-        self.feed_index = host(2, max_seqs, dtype=torch.int64)
-        self.np_feed_index = self.feed_index.numpy()
-        self._copied: torch.cuda.Event | None = None
-        self._host = [self.input_ids, self.positions, self.slot_mapping, self.seq_lens, self.query_start_loc]
-        if device.type == "cpu":
-            self._device = self._host
-            self.block_table_device = self.block_table
-            self.feed_index_device = self.feed_index
-        else:
-            self._device = [torch.zeros_like(t, device=device) for t in self._host]
-            self.block_table_device = torch.zeros_like(self.block_table, device=device)
-            self.feed_index_device = torch.zeros_like(self.feed_index, device=device)
-        (self.input_ids_device, self.positions_device, self.slot_mapping_device, self.seq_lens_device,
-         self.query_start_loc_device) = self._device  # fmt: skip
-        # numpy views for fast host-side filling
-        self.np_input_ids = self.input_ids.numpy()
-        self.np_positions = self.positions.numpy()
-        self.np_slot_mapping = self.slot_mapping.numpy()
-        self.np_block_table = self.block_table.numpy()
-        # Per row: the block-id list it was written from (the KV manager's live list, held so it stays unique)
-        # and how many entries were written, so a decode step only writes blocks added since the last one.
+        capacity = 3 * max_tokens + 2 * max_seqs + 1 + max_seqs * max_blocks_per_seq
+        self.packed = torch.zeros(capacity, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.packed_device = torch.zeros_like(self.packed, device=device) if device.type == "cuda" else None
+        self._np_packed = self.packed.numpy()
+        self.input_ids_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.seq_lens_device = torch.zeros(max_seqs, dtype=torch.int32, device=device)
+        self.query_start_loc_device = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
+        self.block_table_device = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        # The host's block table, kept across steps. Per row: the block-id list it was written from (the KV
+        # manager's live list, held so it stays unique) and how many entries were written, so a decode step
+        # only writes the blocks added since the last one.
+        self.np_block_table = np.zeros((max_seqs, max_blocks_per_seq), dtype=np.int32)
         self._row_source: list[tuple[list[int], int] | None] = [None] * max_seqs
+        self._copied: torch.cuda.Event | None = None
+        self._step: StepInputs | None = None
+        self._unpack = _unpack_kernel(device) or _unpack_reference
 
-    def wait_for_copies(self) -> None:
-        """Block until the last copy_to_device has read the host buffers, so they may be overwritten."""
+    def begin_step(self, num_tokens: int, num_seqs: int) -> StepInputs:
+        """The staging views for a step of ``num_tokens`` tokens in ``num_seqs`` sequences (padding included),
+        once the previous step's copy has read the staging array."""
         if self._copied is not None:
             self._copied.synchronize()
             self._copied = None
+        p, t, s = self._np_packed, num_tokens, num_seqs
+        self._step = StepInputs(
+            p[:t], p[t : 2 * t], p[2 * t : 3 * t], p[3 * t : 3 * t + s], p[3 * t + s : 3 * t + 2 * s + 1]
+        )
+        return self._step
 
     def write_block_table_row(self, row: int, block_ids: list[int]) -> None:
         source = self._row_source[row]
@@ -72,22 +82,33 @@ class InputBuffers:
             self.np_block_table[row, start : len(block_ids)] = block_ids[start:]
         self._row_source[row] = (block_ids, len(block_ids))
 
-    def copy_to_device(self, num_tokens: int, num_seqs: int, num_fed: int = 0) -> None:
-        if self.device.type == "cpu":
-            return
-        if num_fed:  # the whole (small) buffer: a column slice is not contiguous
-            self.feed_index_device.copy_(self.feed_index, non_blocking=True)
-        for host, dev, n in zip(self._host, self._device, (num_tokens, num_tokens, num_tokens, num_seqs, num_seqs + 1)):
-            dev[:n].copy_(host[:n], non_blocking=True)
-        self.block_table_device[:num_seqs].copy_(self.block_table[:num_seqs], non_blocking=True)
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+    def fill_padding(self, start_token: int, start_seq: int) -> None:
+        """Make the step's rows from ``start_seq`` (tokens from ``start_token``) harmless padding: no KV write, a
+        one-token context, their own query row."""
+        step = self._step
+        step.input_ids[start_token:] = 0
+        step.positions[start_token:] = 0
+        step.slot_mapping[start_token:] = -1
+        step.seq_lens[start_seq:] = 1
+        end_seq = len(step.seq_lens)
+        step.query_start_loc[start_seq + 1 :] = np.arange(start_token + 1, start_token + 1 + end_seq - start_seq)
 
-    def feed_sampled(self, num_fed: int, sampled: torch.Tensor) -> None:
-        """On the device: input_ids[dst] = sampled[src] for the first ``num_fed`` columns of feed_index (filled
-        on the host before copy_to_device): tokens the previous step sampled that the host has not seen yet."""
-        index = self.feed_index_device[:, :num_fed]
-        self.input_ids_device.index_copy_(0, index[0], sampled.index_select(0, index[1]))
+    def upload(self, block_width: int, sampled: torch.Tensor | None) -> None:
+        """Move the step into the device buffers: the staging views, then the first ``block_width`` block ids
+        of each row; ``sampled``: the previous step's sampled ids when an input id refers to them."""
+        num_tokens, num_seqs = len(self._step.input_ids), len(self._step.seq_lens)
+        base = 3 * num_tokens + 2 * num_seqs + 1
+        end = base + num_seqs * block_width
+        self._np_packed[base:end].reshape(num_seqs, block_width)[:] = self.np_block_table[:num_seqs, :block_width]
+        outputs = (self.input_ids_device, self.positions_device, self.slot_mapping_device, self.seq_lens_device,
+                   self.query_start_loc_device, self.block_table_device)  # fmt: skip
+        packed = self.packed[:end]
+        if self.packed_device is not None:
+            packed = self.packed_device[:end]
+            packed.copy_(self.packed[:end], non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        self._unpack(packed, sampled, *outputs, num_tokens, num_seqs, block_width)
 
     def metadata(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]
@@ -105,10 +126,40 @@ class InputBuffers:
             seq_lens_cpu=seq_lens,
         )
 
-    def fill_padding(self, start_token: int, end_token: int, start_seq: int, end_seq: int) -> None:
-        """Make padded decode rows harmless: no KV write, a one-token context, their own query row."""
-        self.np_input_ids[start_token:end_token] = 0
-        self.np_positions[start_token:end_token] = 0
-        self.np_slot_mapping[start_token:end_token] = -1
-        self.seq_lens.numpy()[start_seq:end_seq] = 1
-        self.query_start_loc.numpy()[start_seq + 1 : end_seq + 1] = np.arange(start_seq + 1, end_seq + 1)
+
+def _unpack_kernel(device: torch.device) -> Callable | None:
+    """The Triton unpack launcher on a GPU with Triton installed."""
+    if device.type != "cuda":
+        return None
+    try:
+        from brisk.worker.triton_step_inputs import unpack_step_inputs
+    except ImportError:
+        return None
+    return unpack_step_inputs
+
+
+def _unpack_reference(
+    packed: torch.Tensor,
+    sampled: torch.Tensor | None,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    num_tokens: int,
+    num_seqs: int,
+    block_width: int,
+) -> None:
+    """``triton_step_inputs.unpack_step_inputs`` in torch: the CPU path, and the kernel's reference in tests."""
+    t, s = num_tokens, num_seqs
+    ids = packed[:t].long()
+    if sampled is not None:
+        fed = ids < 0
+        ids[fed] = sampled[-1 - ids[fed]].to(ids.device)
+    input_ids[:t] = ids
+    positions[:t] = packed[t : 2 * t]
+    slot_mapping[:t] = packed[2 * t : 3 * t]
+    seq_lens[:s] = packed[3 * t : 3 * t + s]
+    query_start_loc[: s + 1] = packed[3 * t + s : 3 * t + 2 * s + 1]
+    block_table[:s, :block_width] = packed[3 * t + 2 * s + 1 :].view(s, block_width)

@@ -3,7 +3,7 @@ tables), runs the model over the paged KV cache and samples.
 
 ``execute`` only launches a step and returns a ``LaunchedStep``; its ``result()`` waits for the sampled tokens.
 In between the engine may launch the next step, whose decode rows read their input tokens straight from this
-step's sampled ids on the device (``InputBuffers.feed_sampled``), so the host never stalls the device."""
+step's sampled ids on the device (``InputBuffers``: an input id ``-1 - row``), so the host never stalls the device."""
 
 from __future__ import annotations
 
@@ -151,50 +151,47 @@ class ModelRunner:
         """Fill the input buffers for this step; returns (tokens to run, padded batch size or 0, metadata)."""
         bs = self.block_size
         buf = self.buffers
-        buf.wait_for_copies()
+        num_seqs = len(out.scheduled)
+        num_tokens = sum(entry.num_new_tokens for entry in out.scheduled)
+        max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
+        padded = 0
+        if self.graphs is not None and max_query_len == 1:
+            padded = self.graphs.padded_size(num_seqs) or 0
+        step = buf.begin_step(padded or num_tokens, padded or num_seqs)
         query_start_loc = [0]
         seq_lens: list[int] = []
         token = 0
-        max_query_len = 0
-        num_fed = 0
+        block_width = 1
+        fed = False
         for row, (request, num_new, start, _) in enumerate(out.scheduled):
             table = out.block_tables[request.request_id]
             buf.write_block_table_row(row, table)
             end = start + num_new
+            block_width = max(block_width, -(-end // bs))
             known = min(end, request.num_tokens)  # tokens past this are still on the device (in flight)
             if num_new == 1:
-                buf.np_positions[token] = start
-                buf.np_slot_mapping[token] = table[start // bs] * bs + start % bs
+                step.positions[token] = start
+                step.slot_mapping[token] = table[start // bs] * bs + start % bs
             else:
                 pos = np.arange(start, end)
-                buf.np_positions[token : token + num_new] = pos
-                buf.np_slot_mapping[token : token + num_new] = np.asarray(table)[pos // bs] * bs + pos % bs
+                step.positions[token : token + num_new] = pos
+                step.slot_mapping[token : token + num_new] = np.asarray(table)[pos // bs] * bs + pos % bs
             if known - start == 1:
-                buf.np_input_ids[token] = request.all_token_ids[start]
+                step.input_ids[token] = request.all_token_ids[start]
             elif known > start:
-                buf.np_input_ids[token : token + known - start] = request.all_token_ids[start:known]
+                step.input_ids[token : token + known - start] = request.all_token_ids[start:known]
             if known < end:
                 assert end - known == 1, "only the last sampled token can be in flight"
-                buf.np_feed_index[0, num_fed] = token + num_new - 1
-                buf.np_feed_index[1, num_fed] = self._last_sample_rows[request.request_id]
-                num_fed += 1
+                step.input_ids[token + num_new - 1] = -1 - self._last_sample_rows[request.request_id]
+                fed = True
             token += num_new
-            max_query_len = max(max_query_len, num_new)
             query_start_loc.append(token)
             seq_lens.append(end)
-        num_seqs = len(seq_lens)
-        buf.seq_lens.numpy()[:num_seqs] = seq_lens
-        buf.query_start_loc.numpy()[: num_seqs + 1] = query_start_loc
-        padded = 0
-        if self.graphs is not None and max_query_len == 1:
-            padded = self.graphs.padded_size(num_seqs) or 0
+        step.seq_lens[:num_seqs] = seq_lens
+        step.query_start_loc[: num_seqs + 1] = query_start_loc
         if padded:
-            buf.fill_padding(token, padded, num_seqs, padded)
-            buf.copy_to_device(padded, padded, num_fed)
-        else:
-            buf.copy_to_device(token, num_seqs, num_fed)
-        if num_fed:
-            buf.feed_sampled(num_fed, self._last_sampled)
+            buf.fill_padding(token, num_seqs)
+        buf.upload(block_width, self._last_sampled if fed else None)
         metadata = buf.metadata(token, num_seqs, max_query_len, max(seq_lens), query_start_loc, seq_lens)
         return token, padded, metadata
 

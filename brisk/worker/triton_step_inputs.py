@@ -1,0 +1,65 @@
+"""The GPU half of ``InputBuffers.upload``: one kernel spreads a step's packed inputs into the persistent buffers.
+
+A step's inputs arrive as one int32 array (``InputBuffers`` documents the layout); copying it in one transfer
+and unpacking it in one launch replaces a copy per buffer plus the two indexing kernels that fed the previous
+step's sampled tokens, each a few microseconds of the gap between two batch-1 decode steps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+UNPACK_BLOCK = 1024
+
+
+@triton.jit
+def _unpack_step_inputs_kernel(
+    packed_ptr, sampled_ptr, input_ids_ptr, positions_ptr, slot_mapping_ptr, seq_lens_ptr, query_start_loc_ptr,
+    block_table_ptr, num_tokens, num_seqs, block_width, block_table_stride,
+    HAS_SAMPLED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program p unpacks element block p of every section; an input id ``-1 - j`` is row j of ``sampled``."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tok = offs < num_tokens
+    ids = tl.load(packed_ptr + offs, mask=tok, other=0).to(tl.int64)
+    if HAS_SAMPLED:
+        fed = tok & (ids < 0)
+        ids = tl.where(fed, tl.load(sampled_ptr + (-1 - ids), mask=fed, other=0), ids)
+    tl.store(input_ids_ptr + offs, ids, mask=tok)
+    tl.store(positions_ptr + offs, tl.load(packed_ptr + num_tokens + offs, mask=tok).to(tl.int64), mask=tok)
+    tl.store(slot_mapping_ptr + offs, tl.load(packed_ptr + 2 * num_tokens + offs, mask=tok).to(tl.int64), mask=tok)
+    seq_base = 3 * num_tokens
+    seq = offs < num_seqs
+    tl.store(seq_lens_ptr + offs, tl.load(packed_ptr + seq_base + offs, mask=seq), mask=seq)
+    loc = offs <= num_seqs
+    tl.store(query_start_loc_ptr + offs, tl.load(packed_ptr + seq_base + num_seqs + offs, mask=loc), mask=loc)
+    table = offs < num_seqs * block_width
+    entry = tl.load(packed_ptr + seq_base + 2 * num_seqs + 1 + offs, mask=table)
+    row, col = offs // block_width, offs % block_width
+    tl.store(block_table_ptr + row.to(tl.int64) * block_table_stride + col, entry, mask=table)
+
+
+def unpack_step_inputs(
+    packed: torch.Tensor,
+    sampled: torch.Tensor | None,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    block_table: torch.Tensor,
+    num_tokens: int,
+    num_seqs: int,
+    block_width: int,
+) -> None:
+    """Write ``packed`` (on the device) into the buffers, as ``InputBuffers`` lays it out; ``sampled``: the
+    previous step's sampled ids when some input ids refer to them."""
+    assert block_table.stride(1) == 1
+    largest = max(num_tokens, num_seqs + 1, num_seqs * block_width)
+    _unpack_step_inputs_kernel[(triton.cdiv(largest, UNPACK_BLOCK),)](
+        packed, sampled if sampled is not None else input_ids, input_ids, positions, slot_mapping, seq_lens,
+        query_start_loc, block_table, num_tokens, num_seqs, block_width, block_table.stride(0),
+        HAS_SAMPLED=sampled is not None, BLOCK=UNPACK_BLOCK,
+    )  # fmt: skip
