@@ -14,19 +14,19 @@ import triton.language as tl
 UNPACK_BLOCK = 1024
 
 
-@triton.jit
+# One compiled variant for every step: sizes are not specialized (a step of one sequence, or of a multiple of 16
+# tokens, would otherwise compile its own), and a step without fed tokens has none to load.
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs", "block_width", "block_table_stride"])
 def _unpack_step_inputs_kernel(
     packed_ptr, sampled_ptr, input_ids_ptr, positions_ptr, slot_mapping_ptr, seq_lens_ptr, query_start_loc_ptr,
-    block_table_ptr, num_tokens, num_seqs, block_width, block_table_stride,
-    HAS_SAMPLED: tl.constexpr, BLOCK: tl.constexpr,
+    block_table_ptr, num_tokens, num_seqs, block_width, block_table_stride, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Program p unpacks element block p of every section; an input id ``-1 - j`` is row j of ``sampled``."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tok = offs < num_tokens
     ids = tl.load(packed_ptr + offs, mask=tok, other=0).to(tl.int64)
-    if HAS_SAMPLED:
-        fed = tok & (ids < 0)
-        ids = tl.where(fed, tl.load(sampled_ptr + (-1 - ids), mask=fed, other=0), ids)
+    fed = tok & (ids < 0)
+    ids = tl.where(fed, tl.load(sampled_ptr + (-1 - ids), mask=fed, other=0), ids)
     tl.store(input_ids_ptr + offs, ids, mask=tok)
     tl.store(positions_ptr + offs, tl.load(packed_ptr + num_tokens + offs, mask=tok).to(tl.int64), mask=tok)
     tl.store(slot_mapping_ptr + offs, tl.load(packed_ptr + 2 * num_tokens + offs, mask=tok).to(tl.int64), mask=tok)
@@ -60,6 +60,5 @@ def unpack_step_inputs(
     largest = max(num_tokens, num_seqs + 1, num_seqs * block_width)
     _unpack_step_inputs_kernel[(triton.cdiv(largest, UNPACK_BLOCK),)](
         packed, sampled if sampled is not None else input_ids, input_ids, positions, slot_mapping, seq_lens,
-        query_start_loc, block_table, num_tokens, num_seqs, block_width, block_table.stride(0),
-        HAS_SAMPLED=sampled is not None, BLOCK=UNPACK_BLOCK,
+        query_start_loc, block_table, num_tokens, num_seqs, block_width, block_table.stride(0), BLOCK=UNPACK_BLOCK,
     )  # fmt: skip

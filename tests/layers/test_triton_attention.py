@@ -65,7 +65,7 @@ def make_batch(
         max_seq_len=max(s for s, _ in seqs),
         query_start_loc=torch.tensor(starts, dtype=torch.int32, device=DEVICE),
         seq_lens=torch.tensor([s for s, _ in seqs], dtype=torch.int32, device=DEVICE),
-        block_tables=block_tables,
+        block_tables=block_tables.to(DEVICE),
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE),
         query_start_loc_cpu=starts,
         seq_lens_cpu=[s for s, _ in seqs],
