@@ -41,6 +41,17 @@ class StepInputs(NamedTuple):
     query_start_loc: np.ndarray
 
 
+class DeviceInputs(NamedTuple):
+    """The fixed device buffers a step's inputs are unpacked into."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    block_table: torch.Tensor
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
         self.device = device
@@ -62,6 +73,14 @@ class InputBuffers:
         self._copied: torch.cuda.Event | None = None
         self._step: StepInputs | None = None
         self._unpack = _unpack_kernel(device) or _unpack_reference
+        self._outputs = DeviceInputs(
+            self.input_ids_device,
+            self.positions_device,
+            self.slot_mapping_device,
+            self.seq_lens_device,
+            self.query_start_loc_device,
+            self.block_table_device,
+        )
 
     def begin_step(self, num_tokens: int, num_seqs: int) -> StepInputs:
         """The staging views for a step of ``num_tokens`` tokens in ``num_seqs`` sequences (padding included),
@@ -100,15 +119,13 @@ class InputBuffers:
         base = 3 * num_tokens + 2 * num_seqs + 1
         end = base + num_seqs * block_width
         self._np_packed[base:end].reshape(num_seqs, block_width)[:] = self.np_block_table[:num_seqs, :block_width]
-        outputs = (self.input_ids_device, self.positions_device, self.slot_mapping_device, self.seq_lens_device,
-                   self.query_start_loc_device, self.block_table_device)  # fmt: skip
         packed = self.packed[:end]
         if self.packed_device is not None:
             packed = self.packed_device[:end]
             packed.copy_(self.packed[:end], non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
-        self._unpack(packed, sampled, *outputs, num_tokens, num_seqs, block_width)
+        self._unpack(packed, sampled, self._outputs, num_tokens, num_seqs, block_width)
 
     def metadata(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]
@@ -139,17 +156,7 @@ def _unpack_kernel(device: torch.device) -> Callable | None:
 
 
 def _unpack_reference(
-    packed: torch.Tensor,
-    sampled: torch.Tensor | None,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_table: torch.Tensor,
-    num_tokens: int,
-    num_seqs: int,
-    block_width: int,
+    packed: torch.Tensor, sampled: torch.Tensor | None, out: DeviceInputs, num_tokens: int, num_seqs: int, width: int
 ) -> None:
     """``triton_step_inputs.unpack_step_inputs`` in torch: the CPU path, and the kernel's reference in tests."""
     t, s = num_tokens, num_seqs
@@ -157,9 +164,9 @@ def _unpack_reference(
     if sampled is not None:
         fed = ids < 0
         ids[fed] = sampled[-1 - ids[fed]].to(ids.device)
-    input_ids[:t] = ids
-    positions[:t] = packed[t : 2 * t]
-    slot_mapping[:t] = packed[2 * t : 3 * t]
-    seq_lens[:s] = packed[3 * t : 3 * t + s]
-    query_start_loc[: s + 1] = packed[3 * t + s : 3 * t + 2 * s + 1]
-    block_table[:s, :block_width] = packed[3 * t + 2 * s + 1 :].view(s, block_width)
+    out.input_ids[:t] = ids
+    out.positions[:t] = packed[t : 2 * t]
+    out.slot_mapping[:t] = packed[2 * t : 3 * t]
+    out.seq_lens[:s] = packed[3 * t : 3 * t + s]
+    out.query_start_loc[: s + 1] = packed[3 * t + s : 3 * t + 2 * s + 1]
+    out.block_table[:s, :width] = packed[3 * t + 2 * s + 1 :].view(s, width)

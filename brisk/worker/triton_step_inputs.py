@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from brisk.worker.input_buffers import DeviceInputs
+
 UNPACK_BLOCK = 1024
 
 
@@ -42,23 +44,13 @@ def _unpack_step_inputs_kernel(
 
 
 def unpack_step_inputs(
-    packed: torch.Tensor,
-    sampled: torch.Tensor | None,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    block_table: torch.Tensor,
-    num_tokens: int,
-    num_seqs: int,
-    block_width: int,
+    packed: torch.Tensor, sampled: torch.Tensor | None, out: DeviceInputs, num_tokens: int, num_seqs: int, width: int
 ) -> None:
-    """Write ``packed`` (on the device) into the buffers, as ``InputBuffers`` lays it out; ``sampled``: the
-    previous step's sampled ids when some input ids refer to them."""
-    assert block_table.stride(1) == 1
-    largest = max(num_tokens, num_seqs + 1, num_seqs * block_width)
+    """Write ``packed`` (on the device) into ``out``, as ``InputBuffers`` lays it out; ``sampled``: the previous
+    step's sampled ids when some input ids refer to them."""
+    assert out.block_table.stride(1) == 1
+    largest = max(num_tokens, num_seqs + 1, num_seqs * width)
     _unpack_step_inputs_kernel[(triton.cdiv(largest, UNPACK_BLOCK),)](
-        packed, sampled if sampled is not None else input_ids, input_ids, positions, slot_mapping, seq_lens,
-        query_start_loc, block_table, num_tokens, num_seqs, block_width, block_table.stride(0), BLOCK=UNPACK_BLOCK,
+        packed, sampled if sampled is not None else out.input_ids, *out, num_tokens, num_seqs, width,
+        out.block_table.stride(0), BLOCK=UNPACK_BLOCK,
     )  # fmt: skip

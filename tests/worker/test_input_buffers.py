@@ -5,18 +5,18 @@ import numpy as np
 import pytest
 import torch
 
-from brisk.worker.input_buffers import InputBuffers, _unpack_reference
+from brisk.worker.input_buffers import DeviceInputs, InputBuffers, _unpack_reference
 
 triton_step_inputs = pytest.importorskip("brisk.worker.triton_step_inputs")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAX_TOKENS, MAX_SEQS, MAX_BLOCKS = 2100, 40, 64
 
 
-def _buffers(fill: int) -> list[torch.Tensor]:
+def _buffers(fill: int) -> DeviceInputs:
     """Output buffers holding ``fill`` everywhere, so that what a step leaves alone is visible."""
     shapes = [(MAX_TOKENS, torch.int64)] * 3 + [(MAX_SEQS, torch.int32), (MAX_SEQS + 1, torch.int32)]
     out = [torch.full((n,), fill, dtype=dtype, device=DEVICE) for n, dtype in shapes]
-    return out + [torch.full((MAX_SEQS, MAX_BLOCKS), fill, dtype=torch.int32, device=DEVICE)]
+    return DeviceInputs(*out, torch.full((MAX_SEQS, MAX_BLOCKS), fill, dtype=torch.int32, device=DEVICE))
 
 
 @pytest.mark.parametrize("num_tokens,num_seqs,width,with_sampled", [(2050, 3, 5, True), (37, 37, 40, False)])
@@ -30,15 +30,15 @@ def test_unpack_kernel_matches_reference(num_tokens, num_seqs, width, with_sampl
     if with_sampled:
         packed[[0, 5, num_tokens - 1]] = torch.tensor([-1, -7, -3], dtype=torch.int32)
     expected, actual = _buffers(-5), _buffers(-5)
-    _unpack_reference(packed, sampled, *expected, num_tokens, num_seqs, width)
+    _unpack_reference(packed, sampled, expected, num_tokens, num_seqs, width)
     triton_step_inputs.unpack_step_inputs(
-        packed.to(DEVICE), sampled.to(DEVICE) if with_sampled else None, *actual, num_tokens, num_seqs, width
+        packed.to(DEVICE), sampled.to(DEVICE) if with_sampled else None, actual, num_tokens, num_seqs, width
     )
     for e, a in zip(expected, actual):
         torch.testing.assert_close(a, e)
     if with_sampled:
-        assert expected[0][[0, 5, num_tokens - 1]].tolist() == [sampled[0], sampled[6], sampled[2]]
-    assert (expected[5][:num_seqs, width:] == -5).all() and (expected[0][num_tokens:] == -5).all()
+        assert expected.input_ids[[0, 5, num_tokens - 1]].tolist() == [sampled[0], sampled[6], sampled[2]]
+    assert (expected.block_table[:num_seqs, width:] == -5).all() and (expected.input_ids[num_tokens:] == -5).all()
 
 
 def test_input_buffers_pack_pad_and_feed():

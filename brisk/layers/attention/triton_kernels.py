@@ -33,7 +33,7 @@ import triton.language as tl
 
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
-from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, start_dependent_kernel, wait_for_previous_kernel
+from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, wait_for_previous_kernel
 from brisk.layers.triton_ops import rotary_factors, rotate_heads
 
 LOG2E = 1.4426950408889634
@@ -63,9 +63,7 @@ def _write_kv_cache_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_P2: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    start_dependent_kernel(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     if slot < 0:
@@ -87,10 +85,9 @@ def _rope_and_write_kv_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, slot_mapping_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_ct, stride_ch, trig_stride,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
-    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_PDL: tl.constexpr,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     """One program per token: rotate its query and key heads in place and store its keys and values in the cache."""
-    start_dependent_kernel(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     cos, sin, offs, dmask = rotary_factors(cos_ptr, sin_ptr, pos_ptr, token, trig_stride, HALF, HALF_P2)
     rotate_heads(q_ptr, stride_qt, stride_qh, token, cos, sin, offs, dmask, NUM_Q_HEADS, Q_HEADS_P2, HALF)
@@ -572,7 +569,7 @@ def write_kv_cache(
         num_kv_heads, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BLOCK_SIZE=kv_cache.shape[2], HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_H=block_h,
-        num_warps=4 if block_h * head_p2 >= 1024 else 1, **pdl_launch_options(key.device, num_tokens),
+        num_warps=4 if block_h * head_p2 >= 1024 else 1,
     )  # fmt: skip
 
 
@@ -602,7 +599,6 @@ def rope_and_write_kv_cache(
         NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, Q_HEADS_P2=triton.next_power_of_2(num_heads),
         KV_HEADS_P2=triton.next_power_of_2(num_kv_heads), HALF=head_size // 2,
         HALF_P2=triton.next_power_of_2(head_size // 2), BLOCK_SIZE=kv_cache.shape[2], num_warps=4,
-        **pdl_launch_options(query.device, num_tokens),
     )  # fmt: skip
 
 
