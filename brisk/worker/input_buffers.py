@@ -109,8 +109,7 @@ class InputBuffers:
         step.positions[start_token:] = 0
         step.slot_mapping[start_token:] = -1
         step.seq_lens[start_seq:] = 1
-        end_seq = len(step.seq_lens)
-        step.query_start_loc[start_seq + 1 :] = np.arange(start_token + 1, start_token + 1 + end_seq - start_seq)
+        step.query_start_loc[start_seq:] = np.arange(start_token, start_token + len(step.seq_lens) - start_seq + 1)
 
     def upload(self, block_width: int, sampled: torch.Tensor | None) -> None:
         """Move the step into the device buffers: the staging views, then the first ``block_width`` block ids

@@ -72,3 +72,9 @@ def test_input_buffers_pack_pad_and_feed():
     assert buffers.input_ids_device[0].item() == 5
     assert buffers.block_table_device[0, :3].tolist() == [7, 8, 9]
     assert np.array_equal(buffers.np_block_table[1, :1], [3])
+    # An all-padding step (as graph capture packs one) over a staging array that earlier steps left full.
+    buffers.begin_step(4, 4)
+    buffers.fill_padding(0, 0)
+    buffers.upload(block_width=1, sampled=None)
+    assert buffers.query_start_loc_device[:5].tolist() == [0, 1, 2, 3, 4]
+    assert buffers.slot_mapping_device[:4].tolist() == [-1] * 4 and buffers.seq_lens_device[:4].tolist() == [1] * 4
