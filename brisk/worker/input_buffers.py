@@ -105,6 +105,7 @@ class InputBuffers:
         """Make the step's rows from ``start_seq`` (tokens from ``start_token``) harmless padding: no KV write, a
         one-token context, their own query row."""
         step = self._step
+        assert len(step.input_ids) - start_token == len(step.seq_lens) - start_seq, "a padding row holds one token"
         step.input_ids[start_token:] = 0
         step.positions[start_token:] = 0
         step.slot_mapping[start_token:] = -1

@@ -131,6 +131,11 @@ class ModelRunner:
         return max(available, 0)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
+        if num_blocks * self.block_size >= 2**31:  # slots travel as int32 (InputBuffers)
+            raise ValueError(
+                f"{num_blocks} KV blocks of {self.block_size} tokens exceed 2**31 cache slots: lower "
+                "gpu_memory_utilization or kv_cache_memory_bytes"
+            )
         cfg = self.model_config
         shape = (2, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_size)
         self.kv_caches = [torch.zeros(shape, dtype=cfg.dtype, device=self.device) for _ in range(cfg.num_layers)]

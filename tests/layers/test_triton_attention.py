@@ -229,6 +229,61 @@ def test_decode_through_backend_heuristics():
     assert tk.decode_num_splits(1, 1, 300, torch.device("cpu")) == 3
 
 
+@pytest.mark.parametrize("seq_len", [1, 2, 16, 17, 33, 65])
+def test_decode_single_sequence_partition_edges(seq_len):
+    """One sequence (the path that loads its first KV tile before waiting) at lengths around the 16-key tile:
+    a split holding only the new token, a first tile exactly full, a context of the new token alone."""
+    q, k, v, cache, md = make_batch([(seq_len, 1)], 4, 2, 32, 8, seed=seq_len)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    for num_splits in (1, 2, 4, 8):
+        out, step_cache = torch.full_like(q, float("nan")), cache.clone()
+        tk.decode_attention(q, k, v, step_cache, out, md, 32**-0.5, num_splits=num_splits, tile_n=16,
+                            min_partition=16)  # fmt: skip
+        assert_close(out, ref)
+        torch.testing.assert_close(step_cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+
+def test_decode_merge_takes_partitions_in_several_chunks():
+    """With one warp the merge holds 4 partitions of a 4-head group at a time (head size 64), fewer than the 5 to 8
+    that these contexts use: the merge's rescale across chunks must be exact."""
+    q, k, v, cache, md = make_batch([(128, 1), (90, 1)], 8, 2, 64, 8, seed=11)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    out, step_cache = torch.full_like(q, float("nan")), cache.clone()
+    tk.decode_attention(q, k, v, step_cache, out, md, 64**-0.5, num_splits=8, tile_n=16, min_partition=16,
+                        num_warps=1)  # fmt: skip
+    assert_close(out, ref)
+    torch.testing.assert_close(step_cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+
+def test_decode_graph_padding_rows_are_harmless():
+    """Padding rows as InputBuffers.fill_padding makes them (a one-token context, slot -1) with block ids far
+    outside the cache: the new-token branch runs but stores nothing and reads no cached key."""
+    q, k, v, cache, md = make_batch([(20, 1), (9, 1)], 4, 2, 16, 8, seed=7)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    pad = 2
+    q_pad, k_pad, v_pad = (torch.cat([t, torch.randn(pad, *t.shape[1:], device=DEVICE)]) for t in (q, k, v))
+    garbage = torch.full((pad, md.block_tables.shape[1]), 10**6, dtype=torch.int32, device=DEVICE)
+    padded = AttentionMetadata(
+        num_tokens=md.num_tokens + pad,
+        num_seqs=md.num_seqs + pad,
+        max_query_len=1,
+        max_seq_len=64,
+        query_start_loc=torch.arange(md.num_seqs + pad + 1, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.cat([md.seq_lens, torch.ones(pad, dtype=torch.int32, device=DEVICE)]),
+        block_tables=torch.cat([md.block_tables, garbage]),
+        slot_mapping=torch.cat([md.slot_mapping, torch.full((pad,), -1, device=DEVICE)]),
+        query_start_loc_cpu=list(range(md.num_seqs + pad + 1)),
+        seq_lens_cpu=md.seq_lens_cpu + [1] * pad,
+    )
+    for num_splits in (1, 4):
+        out, step_cache = torch.full_like(q_pad, float("nan")), cache.clone()
+        tk.decode_attention(q_pad, k_pad, v_pad, step_cache, out, padded, 0.25, num_splits=num_splits, tile_n=16,
+                            min_partition=16)  # fmt: skip
+        assert_close(out[: md.num_seqs], ref)
+        torch.testing.assert_close(out[md.num_seqs :], v_pad[md.num_seqs :].repeat_interleave(2, dim=1))
+        torch.testing.assert_close(step_cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+
 def test_decode_padded_sequences_give_zeros():
     """Padding rows of a CUDA-graph batch (seq_len 0, slot -1) must neither crash, nor write, nor produce NaN."""
     q, k, v, cache, md = make_batch([(20, 1), (9, 1)], 4, 2, 16, 8, seed=6)

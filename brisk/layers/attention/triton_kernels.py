@@ -343,6 +343,15 @@ def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos_ptr, sin_ptr,
 
 
 @triton.jit
+def _new_token_kv(k_row_ptr, v_row_ptr, kv_rows, stride_kh, stride_vh, mask, offs_d, cos_ptr, sin_ptr, pos,
+                  trig_stride, cache_dtype: tl.constexpr, HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
+    """This step's key (rotated when ``ROTARY``) and value of one token, as cache-dtype rows ``kv_rows``."""
+    k = _head_rows(k_row_ptr, kv_rows, stride_kh, mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride, HEAD_SIZE, ROTARY)
+    v = _head_rows(v_row_ptr, kv_rows, stride_vh, mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride, HEAD_SIZE, False)
+    return k.to(cache_dtype), v.to(cache_dtype)
+
+
+@triton.jit
 def _attend_new_token(q, acc, m_i, l_i, k, v, scale_log2):
     """The online-softmax update for one key ``k`` and value ``v``, each [M, HEAD_P2] with identical rows."""
     s = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * scale_log2
@@ -449,15 +458,15 @@ def _decode_attention_kernel(
     head = kv_head * QUERIES_PER_KV + offs_h
     h_mask = offs_h < QUERIES_PER_KV
     io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
-    holds_new_token = (end == seq_len) & (seq_len > 0)  # padding rows of a graph batch have seq_len 0
+    holds_new_token = (end == seq_len) & (seq_len > 0)  # seq_len 0: an empty row
     q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
                    trig_stride, HEAD_SIZE, ROTARY)  # fmt: skip
     kv_rows = kv_head + offs_h * 0  # every row is this kv head: the new key broadcasts over the query rows
     new_mask = h_mask & ((offs_h * 0 + holds_new_token) != 0)  # a tensor: the interpreter masks with tensors only
-    new_k = _head_rows(k_ptr + q_tok * stride_kt, kv_rows, stride_kh, new_mask, offs_d, cos_ptr, sin_ptr, pos,
-                       trig_stride, HEAD_SIZE, ROTARY).to(k_cache_ptr.dtype.element_ty)  # fmt: skip
-    new_v = _head_rows(v_ptr + q_tok * stride_vt, kv_rows, stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos,
-                       trig_stride, HEAD_SIZE, False).to(v_cache_ptr.dtype.element_ty)  # fmt: skip
+    if PRELOAD:  # batch 1: the new key and value in the query's round trip
+        new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
+                                     stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
+                                     k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY)  # fmt: skip
     q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
 
     m_i = tl.full([QH_P2], float("-inf"), tl.float32)
@@ -483,6 +492,10 @@ def _decode_attention_kernel(
             BLOCK_SIZE, TILE_N, HEAD_SIZE, HEAD_P2, True, DOT_PRECISION,
         )  # fmt: skip
     if holds_new_token:
+        if not PRELOAD:  # larger batches load them here, so that the pipelined loop does not carry them
+            new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
+                                         stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
+                                         k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY)  # fmt: skip
         acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, new_k, new_v, scale_log2)
         if slot >= 0:  # -1: a padding row, nothing to store
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + kv_head_off + offs_d
