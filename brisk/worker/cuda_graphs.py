@@ -50,7 +50,7 @@ class DecodeGraphs:
         buffers = self.buffers
         buffers.begin_step(self.sizes[-1], self.sizes[-1])
         buffers.fill_padding(0, 0)
-        buffers.np_block_table[: self.sizes[-1]] = 0
+        buffers.clear_block_table()
         buffers.upload(block_width=1, sampled=None)
         pool = None
         stream = torch.cuda.Stream()

@@ -101,6 +101,11 @@ class InputBuffers:
             self.np_block_table[row, start : len(block_ids)] = block_ids[start:]
         self._row_source[row] = (block_ids, len(block_ids))
 
+    def clear_block_table(self) -> None:
+        """Zero the host block table and forget which lists its rows came from (the next write is whole)."""
+        self.np_block_table[:] = 0
+        self._row_source = [None] * len(self._row_source)
+
     def fill_padding(self, start_token: int, start_seq: int) -> None:
         """Make the step's rows from ``start_seq`` (tokens from ``start_token``) harmless padding: no KV write, a
         one-token context, their own query row."""

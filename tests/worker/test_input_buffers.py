@@ -72,9 +72,17 @@ def test_input_buffers_pack_pad_and_feed():
     assert buffers.input_ids_device[0].item() == 5
     assert buffers.block_table_device[0, :3].tolist() == [7, 8, 9]
     assert np.array_equal(buffers.np_block_table[1, :1], [3])
-    # An all-padding step (as graph capture packs one) over a staging array that earlier steps left full.
+    # An all-padding step (as graph capture packs one) over a staging array that earlier steps left full; then
+    # row 0's list grows again after the table was cleared: its whole list is written, not only the new block.
+    buffers.clear_block_table()
     buffers.begin_step(4, 4)
     buffers.fill_padding(0, 0)
     buffers.upload(block_width=1, sampled=None)
     assert buffers.query_start_loc_device[:5].tolist() == [0, 1, 2, 3, 4]
     assert buffers.slot_mapping_device[:4].tolist() == [-1] * 4 and buffers.seq_lens_device[:4].tolist() == [1] * 4
+    table = [7, 8, 9]
+    buffers.write_block_table_row(0, table)
+    table.append(10)
+    buffers.clear_block_table()
+    buffers.write_block_table_row(0, table)
+    assert buffers.np_block_table[0, :4].tolist() == [7, 8, 9, 10]
