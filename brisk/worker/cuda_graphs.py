@@ -55,7 +55,7 @@ class DecodeGraphs:
         pool = None
         stream = torch.cuda.Stream()
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            ids, pos = buffers.input_ids_device[:size], buffers.positions_device[:size]
+            ids, pos = buffers.on_device.input_ids[:size], buffers.on_device.positions[:size]
             with set_forward_context(self._metadata(size)):
                 self.model(ids, pos)  # warm-up: compiles kernels, settles the allocator
                 graph = torch.cuda.CUDAGraph()

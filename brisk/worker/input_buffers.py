@@ -54,17 +54,18 @@ class DeviceInputs(NamedTuple):
 
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
-        self.device = device
         capacity = 3 * max_tokens + 2 * max_seqs + 1 + max_seqs * max_blocks_per_seq
         self.packed = torch.zeros(capacity, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.packed_device = torch.zeros_like(self.packed, device=device) if device.type == "cuda" else None
         self._np_packed = self.packed.numpy()
-        self.input_ids_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.positions_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.slot_mapping_device = torch.zeros(max_tokens, dtype=torch.int64, device=device)
-        self.seq_lens_device = torch.zeros(max_seqs, dtype=torch.int32, device=device)
-        self.query_start_loc_device = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
-        self.block_table_device = torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.on_device = DeviceInputs(
+            input_ids=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            slot_mapping=torch.zeros(max_tokens, dtype=torch.int64, device=device),
+            seq_lens=torch.zeros(max_seqs, dtype=torch.int32, device=device),
+            query_start_loc=torch.zeros(max_seqs + 1, dtype=torch.int32, device=device),
+            block_table=torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device),
+        )
         # The host's block table, kept across steps. Per row: the block-id list it was written from (the KV
         # manager's live list, held so it stays unique) and how many entries were written, so a decode step
         # only writes the blocks added since the last one.
@@ -73,14 +74,6 @@ class InputBuffers:
         self._copied: torch.cuda.Event | None = None
         self._step: StepInputs | None = None
         self._unpack = _unpack_kernel(device) or _unpack_reference
-        self._outputs = DeviceInputs(
-            self.input_ids_device,
-            self.positions_device,
-            self.slot_mapping_device,
-            self.seq_lens_device,
-            self.query_start_loc_device,
-            self.block_table_device,
-        )
 
     def begin_step(self, num_tokens: int, num_seqs: int) -> StepInputs:
         """The staging views for a step of ``num_tokens`` tokens in ``num_seqs`` sequences (padding included),
@@ -130,7 +123,7 @@ class InputBuffers:
             packed.copy_(self.packed[:end], non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
-        self._unpack(packed, sampled, self._outputs, num_tokens, num_seqs, block_width)
+        self._unpack(packed, sampled, self.on_device, num_tokens, num_seqs, block_width)
 
     def metadata(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]
@@ -140,10 +133,10 @@ class InputBuffers:
             num_seqs=num_seqs,
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
-            query_start_loc=self.query_start_loc_device[: num_seqs + 1],
-            seq_lens=self.seq_lens_device[:num_seqs],
-            block_tables=self.block_table_device[:num_seqs],
-            slot_mapping=self.slot_mapping_device[:num_tokens],
+            query_start_loc=self.on_device.query_start_loc[: num_seqs + 1],
+            seq_lens=self.on_device.seq_lens[:num_seqs],
+            block_tables=self.on_device.block_table[:num_seqs],
+            slot_mapping=self.on_device.slot_mapping[:num_tokens],
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
         )

@@ -211,7 +211,7 @@ class ModelRunner:
         else:
             with set_forward_context(metadata):
                 hidden = self.model(
-                    self.buffers.input_ids_device[:num_tokens], self.buffers.positions_device[:num_tokens]
+                    self.buffers.on_device.input_ids[:num_tokens], self.buffers.on_device.positions[:num_tokens]
                 )
         timer.mark("forward", sync=True)
 

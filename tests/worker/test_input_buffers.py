@@ -57,8 +57,8 @@ def test_input_buffers_pack_pad_and_feed():
     sampled = torch.tensor([900, 901, 902], device=DEVICE)
     buffers.upload(block_width=2, sampled=sampled)
     md = buffers.metadata(6, 4, 3, 19, [0, 3, 4, 5, 6], [19, 5, 1, 1])
-    assert buffers.input_ids_device[:6].tolist() == [11, 12, 13, 901, 0, 0]
-    assert buffers.positions_device[:6].tolist() == [16, 17, 18, 4, 0, 0]
+    assert buffers.on_device.input_ids[:6].tolist() == [11, 12, 13, 901, 0, 0]
+    assert buffers.on_device.positions[:6].tolist() == [16, 17, 18, 4, 0, 0]
     assert md.slot_mapping.tolist() == [128, 129, 130, 52, -1, -1]
     assert md.seq_lens.tolist() == [19, 5, 1, 1]
     assert md.query_start_loc.tolist() == [0, 3, 4, 5, 6]
@@ -69,8 +69,8 @@ def test_input_buffers_pack_pad_and_feed():
     step.input_ids[0], step.positions[0], step.slot_mapping[0] = 5, 32, 144
     step.seq_lens[0], step.query_start_loc[:2] = 33, [0, 1]
     buffers.upload(block_width=3, sampled=None)
-    assert buffers.input_ids_device[0].item() == 5
-    assert buffers.block_table_device[0, :3].tolist() == [7, 8, 9]
+    assert buffers.on_device.input_ids[0].item() == 5
+    assert buffers.on_device.block_table[0, :3].tolist() == [7, 8, 9]
     assert np.array_equal(buffers.np_block_table[1, :1], [3])
     # An all-padding step (as graph capture packs one) over a staging array that earlier steps left full; then
     # row 0's list grows again after the table was cleared: its whole list is written, not only the new block.
@@ -78,8 +78,9 @@ def test_input_buffers_pack_pad_and_feed():
     buffers.begin_step(4, 4)
     buffers.fill_padding(0, 0)
     buffers.upload(block_width=1, sampled=None)
-    assert buffers.query_start_loc_device[:5].tolist() == [0, 1, 2, 3, 4]
-    assert buffers.slot_mapping_device[:4].tolist() == [-1] * 4 and buffers.seq_lens_device[:4].tolist() == [1] * 4
+    assert buffers.on_device.query_start_loc[:5].tolist() == [0, 1, 2, 3, 4]
+    assert buffers.on_device.slot_mapping[:4].tolist() == [-1] * 4
+    assert buffers.on_device.seq_lens[:4].tolist() == [1] * 4
     table = [7, 8, 9]
     buffers.write_block_table_row(0, table)
     table.append(10)
