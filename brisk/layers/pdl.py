@@ -58,3 +58,19 @@ def start_dependent_kernel(USE_PDL: tl.constexpr):
     """The prologue of a kernel whose every load depends on the previous kernel: let the next one launch, wait."""
     allow_next_kernel(USE_PDL)
     wait_for_previous_kernel(USE_PDL)
+
+
+@triton.jit
+def prefetch_line_to_l2(ptr, USE_PDL: tl.constexpr):
+    """Under PDL, ask for the cache line at ``ptr`` to be brought into L2 (issued before the wait, so that a later
+    dependent access, e.g. an atomic, finds it there instead of in HBM). A no-op otherwise (and in the interpreter,
+    which runs no PTX)."""
+    if USE_PDL:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
+            "=r,l",
+            [ptr.to(tl.int64, bitcast=True)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )

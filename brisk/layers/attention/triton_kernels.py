@@ -33,7 +33,7 @@ import triton.language as tl
 
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
-from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, wait_for_previous_kernel
+from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, prefetch_line_to_l2, wait_for_previous_kernel
 from brisk.layers.triton_ops import rotary_factors, rotate_heads
 
 LOG2E = 1.4426950408889634
@@ -322,10 +322,24 @@ def _unified_attention_kernel(
 
 
 @triton.jit
-def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
-               HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
-    """Rows ``heads`` of one token ([R, HEAD_P2], the input dtype), rotated (rotate-half layout) at position
-    ``pos`` when ``ROTARY``, rounded as the separate rotary kernel stores them."""
+def _head_rotary_factors(cos_ptr, sin_ptr, pos, trig_stride, offs_d, HEAD_SIZE: tl.constexpr):
+    """(cos, signed sin) over a head's dims at position ``pos`` (rotate-half layout): ``_head_rows`` rotates with
+    them. Loaded apart from the rows because they do not depend on the QKV projection: the table row is rarely in
+    L2 (a step streams ~15 GB of weights through it), so the decode kernel reads it before its PDL wait."""
+    d_mask = offs_d < HEAD_SIZE
+    half: tl.constexpr = HEAD_SIZE // 2
+    first = offs_d < half
+    freq = tl.where(first, offs_d, offs_d - half)
+    cos = tl.load(cos_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
+    sin = tl.load(sin_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
+    return cos, tl.where(first, -sin, sin)  # x1 * cos - x2 * sin | x2 * cos + x1 * sin
+
+
+@triton.jit
+def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos, sin, HEAD_SIZE: tl.constexpr,
+               ROTARY: tl.constexpr):  # fmt: skip
+    """Rows ``heads`` of one token ([R, HEAD_P2], the input dtype), rotated (rotate-half layout) by
+    ``_head_rotary_factors`` when ``ROTARY``, rounded as the separate rotary kernel stores them."""
     d_mask = offs_d < HEAD_SIZE
     mask = row_mask[:, None] & d_mask[None, :]
     row_ptrs = base_ptr + heads[:, None] * head_stride
@@ -333,21 +347,18 @@ def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos_ptr, sin_ptr,
     if ROTARY:
         half: tl.constexpr = HEAD_SIZE // 2
         first = offs_d < half
-        freq = tl.where(first, offs_d, offs_d - half)
-        partner = tl.load(row_ptrs + tl.where(first, offs_d + half, freq)[None, :], mask=mask, other=0.0)
-        cos = tl.load(cos_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
-        sin = tl.load(sin_ptr + pos * trig_stride + freq, mask=d_mask, other=0.0)
-        sin = tl.where(first, -sin, sin)  # x1 * cos - x2 * sin | x2 * cos + x1 * sin
+        partner_d = tl.where(first, offs_d + half, offs_d - half)
+        partner = tl.load(row_ptrs + partner_d[None, :], mask=mask, other=0.0)
         x = (x.to(tl.float32) * cos[None, :] + partner.to(tl.float32) * sin[None, :]).to(x.dtype)
     return x
 
 
 @triton.jit
-def _new_token_kv(k_row_ptr, v_row_ptr, kv_rows, stride_kh, stride_vh, mask, offs_d, cos_ptr, sin_ptr, pos,
-                  trig_stride, cache_dtype: tl.constexpr, HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
+def _new_token_kv(k_row_ptr, v_row_ptr, kv_rows, stride_kh, stride_vh, mask, offs_d, cos, sin,
+                  cache_dtype: tl.constexpr, HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
     """This step's key (rotated when ``ROTARY``) and value of one token, as cache-dtype rows ``kv_rows``."""
-    k = _head_rows(k_row_ptr, kv_rows, stride_kh, mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride, HEAD_SIZE, ROTARY)
-    v = _head_rows(v_row_ptr, kv_rows, stride_vh, mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride, HEAD_SIZE, False)
+    k = _head_rows(k_row_ptr, kv_rows, stride_kh, mask, offs_d, cos, sin, HEAD_SIZE, ROTARY)
+    v = _head_rows(v_row_ptr, kv_rows, stride_vh, mask, offs_d, cos, sin, HEAD_SIZE, False)
     return k.to(cache_dtype), v.to(cache_dtype)
 
 
@@ -414,8 +425,9 @@ def _decode_attention_kernel(
     resets its counter to zero for the next launch.
 
     Under PDL the program reads, before it waits for the QKV projection, everything that does not depend on
-    it: the step's metadata (copied in before the step's first kernel), the rotary position and the cache slot,
-    and with ``PRELOAD`` the split's first KV tile (cached keys, written by earlier steps); a split beyond the
+    it: the step's metadata (copied in before the step's first kernel), the rotary position and the table's cos
+    and sin there, the cache slot, the split counter's line (into L2, for the merge's atomic), and with
+    ``PRELOAD`` the split's first KV tile (cached keys, written by earlier steps); a split beyond the
     sequence's length exits there and frees its SM for the next kernel's early start. At batch 1 that takes the
     metadata, block table and key loads off the critical path: after the wait the program loads the step's
     query, key and value (one round trip) and computes. (Larger batches skip the preload: a tile held in
@@ -441,6 +453,14 @@ def _decode_attention_kernel(
     if ROTARY:
         pos = tl.load(pos_ptr + q_tok, mask=has_query, other=0)
     slot = tl.load(slot_mapping_ptr + q_tok, mask=has_query, other=-1)
+    offs_d = tl.arange(0, HEAD_P2)
+    cos = tl.zeros([HEAD_P2], tl.float32)
+    sin = cos
+    if ROTARY:
+        cos, sin = _head_rotary_factors(cos_ptr, sin_ptr, pos, trig_stride, offs_d, HEAD_SIZE)
+    counter = counters_ptr + seq_idx * num_kv_heads + kv_head
+    if not ONE_SPLIT and num_used > 1:  # the merge's atomic on it then finds the line in L2, not HBM
+        prefetch_line_to_l2(counter, USE_PDL)
     block_table_ptr = block_tables_ptr + seq_idx.to(tl.int64) * stride_bt
     kv_head_off = kv_head.to(tl.int64) * stride_ch
     if PRELOAD:
@@ -454,19 +474,17 @@ def _decode_attention_kernel(
         return
 
     offs_h = tl.arange(0, QH_P2)
-    offs_d = tl.arange(0, HEAD_P2)
     head = kv_head * QUERIES_PER_KV + offs_h
     h_mask = offs_h < QUERIES_PER_KV
     io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
     holds_new_token = (end == seq_len) & (seq_len > 0)  # seq_len 0: an empty row
-    q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos_ptr, sin_ptr, pos,
-                   trig_stride, HEAD_SIZE, ROTARY)  # fmt: skip
+    q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos, sin, HEAD_SIZE, ROTARY)
     kv_rows = kv_head + offs_h * 0  # every row is this kv head: the new key broadcasts over the query rows
     new_mask = h_mask & ((offs_h * 0 + holds_new_token) != 0)  # a tensor: the interpreter masks with tensors only
     if PRELOAD:  # batch 1: the new key and value in the query's round trip
         new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
-                                     stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
-                                     k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY)  # fmt: skip
+                                     stride_vh, new_mask, offs_d, cos, sin, k_cache_ptr.dtype.element_ty,
+                                     HEAD_SIZE, ROTARY)  # fmt: skip
     q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
 
     m_i = tl.full([QH_P2], float("-inf"), tl.float32)
@@ -494,8 +512,8 @@ def _decode_attention_kernel(
     if holds_new_token:
         if not PRELOAD:  # larger batches load them here, so that the pipelined loop does not carry them
             new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
-                                         stride_vh, new_mask, offs_d, cos_ptr, sin_ptr, pos, trig_stride,
-                                         k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY)  # fmt: skip
+                                         stride_vh, new_mask, offs_d, cos, sin, k_cache_ptr.dtype.element_ty,
+                                         HEAD_SIZE, ROTARY)  # fmt: skip
         acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, new_k, new_v, scale_log2)
         if slot >= 0:  # -1: a padding row, nothing to store
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + kv_head_off + offs_d
@@ -517,7 +535,6 @@ def _decode_attention_kernel(
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(part_lse_ptr + row + split, lse, mask=h_mask)
         tl.debug_barrier()  # every thread's partial stores come before the release below
-        counter = counters_ptr + seq_idx * num_kv_heads + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_used - 1:  # the last split to finish
             first_head = kv_head * QUERIES_PER_KV
             _merge_partitions(
