@@ -6,11 +6,15 @@ attention kernel (one sequence, several contexts, the engine's split count or on
 rotary embedding), a minimal PDL kernel that waits and copies the query to the output, or nothing. Prints
 microseconds per layer.
 
-    python benchmarks/decode_chain_cost.py
+    python benchmarks/decode_chain_cost.py [--launch tile_n=128,num_warps=8 ...]
+
+Each ``--launch`` adds the attention cases at contexts 256 and 1,024 with ``decode_attention``'s launch overrides
+(``tile_n``, ``min_partition``, ``num_warps``, ``num_stages``), so kernel variants compare in one run.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -37,7 +41,19 @@ def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
 
 
+def _launch_overrides(text: str) -> dict[str, int]:
+    overrides = {key: int(value) for key, value in (item.split("=") for item in text.split(","))}
+    unknown = overrides.keys() - {"tile_n", "min_partition", "num_warps", "num_stages"}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown decode_attention launch override(s): {sorted(unknown)}")
+    return overrides
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launch", type=_launch_overrides, action="append", default=[],
+                        help="decode_attention launch overrides, e.g. tile_n=128,num_warps=8 (repeatable)")  # fmt: skip
+    args = parser.parse_args()
     shapes = ((6144, HIDDEN), (HIDDEN, HIDDEN), (2 * 14336, HIDDEN), (HIDDEN, 14336))
     weights = [[0.02 * torch.randn(n, k, device=DEV, dtype=BF16) for n, k in shapes] for _ in range(LAYERS)]
     norm_w = torch.rand(HIDDEN, device=DEV, dtype=BF16) + 0.5
@@ -45,7 +61,7 @@ def main() -> None:
     rope = RotaryEmbedding(128, 16384, {"rope_type": "default", "rope_theta": 500000.0}).to(DEV)
     out = torch.empty(1, 32, 128, device=DEV, dtype=BF16)
 
-    def layers(mode: str, ctx: int, splits: int | None, rotary: bool) -> None:
+    def layers(mode: str, ctx: int, splits: int | None, rotary: bool, launch: dict[str, int]) -> None:
         cache, md, positions = steps[ctx]  # built outside the capture: no torch kernel between the chain's kernels
         rot = (rope.cos, rope.sin, positions) if rotary else None
         hidden, residual = x0, None
@@ -54,7 +70,7 @@ def main() -> None:
             attn = qkv[:, :HIDDEN]
             if mode == "attention":
                 q, k, v = (t.view(1, -1, 128) for t in qkv.split([4096, 1024, 1024], dim=1))
-                tk.decode_attention(q, k, v, cache, out, md, SCALE, rot, num_splits=splits)
+                tk.decode_attention(q, k, v, cache, out, md, SCALE, rot, num_splits=splits, **launch)
                 attn = out.view(1, HIDDEN)
             elif mode == "copy":
                 _copy_kernel[(8,)](qkv, out, HIDDEN, BLOCK=512, num_warps=4, **pdl_launch_options(qkv.device, 1))
@@ -66,19 +82,21 @@ def main() -> None:
     # The engine captures its graphs for max_model_len (4,096), which sets the split count; a context then uses
     # the splits its length fills, of one 64-key tile each at batch 1.
     engine_splits = tk.decode_num_splits(1, 8, 4096, torch.device(DEV))
-    cases = [("none", 256, None, True), ("copy", 256, None, True)]
-    cases += [("attention", ctx, engine_splits, True) for ctx in (16, 256, 1024)]
-    cases += [("attention", 256, engine_splits, False), ("attention", 256, 1, True), ("none", 256, None, True)]
+    cases = [("none", 256, None, True, {}), ("copy", 256, None, True, {})]
+    cases += [("attention", ctx, engine_splits, True, {}) for ctx in (16, 256, 1024)]
+    cases += [("attention", 256, engine_splits, False, {}), ("attention", 256, 1, True, {})]
+    cases += [("attention", ctx, engine_splits, True, launch) for launch in args.launch for ctx in (256, 1024)]
+    cases += [("none", 256, None, True, {})]
     steps = {}
     for ctx in {case[1] for case in cases}:
         _, _, _, cache, md = make_step([(ctx, 1)], seed=1)
         steps[ctx] = cache, md, md.seq_lens.long() - 1
-    for mode, ctx, splits, rotary in cases:
-        layers(mode, ctx, splits, rotary)  # compile outside the capture
+    for mode, ctx, splits, rotary, launch in cases:
+        layers(mode, ctx, splits, rotary, launch)  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            layers(mode, ctx, splits, rotary)
+            layers(mode, ctx, splits, rotary, launch)
         for _ in range(3):
             graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -89,7 +107,8 @@ def main() -> None:
         torch.cuda.synchronize()
         us = start.elapsed_time(end) / 50 * 1000 / LAYERS
         detail = f"ctx {ctx:5d}, {splits:2d} splits, rotary {rotary}" if mode == "attention" else ""
-        print(f"{mode:9s} {detail:36s} {us:7.2f} us per layer")
+        detail += "".join(f", {key} {value}" for key, value in launch.items())
+        print(f"{mode:9s} {detail:60s} {us:7.2f} us per layer")
 
 
 if __name__ == "__main__":
