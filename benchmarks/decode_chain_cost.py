@@ -6,10 +6,11 @@ attention kernel (one sequence, several contexts, the engine's split count or on
 rotary embedding), a minimal PDL kernel that waits and copies the query to the output, or nothing. Prints
 microseconds per layer.
 
-    python benchmarks/decode_chain_cost.py [--launch tile_n=128,num_warps=8 ...]
+    python benchmarks/decode_chain_cost.py [--contexts 128,256,384] [--launch tile_n=128,num_warps=8 ...]
 
-Each ``--launch`` adds the attention cases at contexts 256 and 1,024 with ``decode_attention``'s launch overrides
-(``tile_n``, ``min_partition``, ``num_warps``, ``num_stages``), so kernel variants compare in one run.
+Each ``--launch`` adds the attention cases at the ``--contexts`` (256 and 1,024 unless given) with
+``decode_attention``'s launch overrides (``tile_n``, ``min_partition``, ``num_warps``, ``num_stages``), so kernel
+variants compare in one run.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--launch", type=_launch_overrides, action="append", default=[],
                         help="decode_attention launch overrides, e.g. tile_n=128,num_warps=8 (repeatable)")  # fmt: skip
+    parser.add_argument("--contexts", type=lambda text: [int(c) for c in text.split(",")], default=[256, 1024],
+                        help="contexts of the --launch cases (default 256,1024; W3 decodes at 128 to 384)")  # fmt: skip
     args = parser.parse_args()
     shapes = ((6144, HIDDEN), (HIDDEN, HIDDEN), (2 * 14336, HIDDEN), (HIDDEN, 14336))
     weights = [[0.02 * torch.randn(n, k, device=DEV, dtype=BF16) for n, k in shapes] for _ in range(LAYERS)]
@@ -83,9 +86,9 @@ def main() -> None:
     # the splits its length fills, of one 64-key tile each at batch 1.
     engine_splits = tk.decode_num_splits(1, 8, 4096, torch.device(DEV))
     cases = [("none", 256, None, True, {}), ("copy", 256, None, True, {})]
-    cases += [("attention", ctx, engine_splits, True, {}) for ctx in (16, 256, 1024)]
+    cases += [("attention", ctx, engine_splits, True, {}) for ctx in sorted({16, 256, 1024, *args.contexts})]
     cases += [("attention", 256, engine_splits, False, {}), ("attention", 256, 1, True, {})]
-    cases += [("attention", ctx, engine_splits, True, launch) for launch in args.launch for ctx in (256, 1024)]
+    cases += [("attention", ctx, engine_splits, True, launch) for launch in args.launch for ctx in args.contexts]
     cases += [("none", 256, None, True, {})]
     steps = {}
     for ctx in {case[1] for case in cases}:

@@ -724,7 +724,7 @@ def decode_attention(
     num_splits: int | None = None,
     tile_n: int | None = None,
     min_partition: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int | None = None,
 ) -> torch.Tensor:
     """Split-KV attention for a decode-only batch (each sequence has at most one query token), which also
@@ -749,6 +749,9 @@ def decode_attention(
     head_p2 = max(16, triton.next_power_of_2(head_size))
     default_tile, default_stages, default_partition = _decode_tile(head_p2, num_seqs, query.device)
     tile_n, num_stages = tile_n or default_tile, num_stages or default_stages
+    # A single sequence's launch is latency-bound: 8 warps halve each thread's share of the tile math (W3 261 vs
+    # 258 tok/s on the H200, docs/benchmarks.md); larger batches keep 4, which leaves more programs per SM.
+    num_warps = num_warps or (8 if num_seqs == 1 else 4)
     min_partition = triton.cdiv(min_partition or default_partition, tile_n) * tile_n
     if num_splits is None:
         num_splits = decode_num_splits(num_seqs, num_kv_heads, metadata.max_seq_len, query.device)
