@@ -7,10 +7,12 @@ rotary embedding), a minimal PDL kernel that waits and copies the query to the o
 microseconds per layer.
 
     python benchmarks/decode_chain_cost.py [--contexts 128,256,384] [--launch tile_n=128,num_warps=8 ...]
+        [--gemv 4096x14336=8,1024,8,0 ...]
 
 Each ``--launch`` adds the attention cases at the ``--contexts`` (256 and 1,024 unless given) with
 ``decode_attention``'s launch overrides (``tile_n``, ``min_partition``, ``num_warps``, ``num_stages``), so kernel
-variants compare in one run.
+variants compare in one run. Each ``--gemv NxK=block_n,block_k,num_warps,programs_per_sm`` adds the attention case
+at context 256 with that ``GemvConfig`` for the N x K projection (4096x14336 is the down projection).
 """
 
 from __future__ import annotations
@@ -50,13 +52,22 @@ def _launch_overrides(text: str) -> dict[str, int]:
     return overrides
 
 
+def _gemv_override(text: str) -> tuple[tuple[int, int], triton_gemv.GemvConfig]:
+    shape, config = text.split("=")
+    n, k = (int(v) for v in shape.split("x"))
+    return (n, k), triton_gemv.GemvConfig(*(int(v) for v in config.split(",")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--launch", type=_launch_overrides, action="append", default=[],
                         help="decode_attention launch overrides, e.g. tile_n=128,num_warps=8 (repeatable)")  # fmt: skip
     parser.add_argument("--contexts", type=lambda text: [int(c) for c in text.split(",")], default=[256, 1024],
                         help="contexts of the --launch cases (default 256,1024; W3 decodes at 128 to 384)")  # fmt: skip
+    parser.add_argument("--gemv", type=_gemv_override, action="append", default=[],
+                        help="one projection's GemvConfig, e.g. 4096x14336=8,1024,8,0 (repeatable)")  # fmt: skip
     args = parser.parse_args()
+    tuned_config = triton_gemv.gemv_config
     shapes = ((6144, HIDDEN), (HIDDEN, HIDDEN), (2 * 14336, HIDDEN), (HIDDEN, 14336))
     weights = [[0.02 * torch.randn(n, k, device=DEV, dtype=BF16) for n, k in shapes] for _ in range(LAYERS)]
     norm_w = torch.rand(HIDDEN, device=DEV, dtype=BF16) + 0.5
@@ -85,16 +96,19 @@ def main() -> None:
     # The engine captures its graphs for max_model_len (4,096), which sets the split count; a context then uses
     # the splits its length fills, of one 64-key tile each at batch 1.
     engine_splits = tk.decode_num_splits(1, 8, 4096, torch.device(DEV))
-    cases = [("none", 256, None, True, {}), ("copy", 256, None, True, {})]
-    cases += [("attention", ctx, engine_splits, True, {}) for ctx in sorted({16, 256, 1024, *args.contexts})]
-    cases += [("attention", 256, engine_splits, False, {}), ("attention", 256, 1, True, {})]
-    cases += [("attention", ctx, engine_splits, True, launch) for launch in args.launch for ctx in args.contexts]
-    cases += [("none", 256, None, True, {})]
+    cases = [("none", 256, None, True, {}, None), ("copy", 256, None, True, {}, None)]
+    cases += [("attention", ctx, engine_splits, True, {}, None) for ctx in sorted({16, 256, 1024, *args.contexts})]
+    cases += [("attention", 256, engine_splits, False, {}, None), ("attention", 256, 1, True, {}, None)]
+    cases += [("attention", ctx, engine_splits, True, launch, None) for launch in args.launch for ctx in args.contexts]
+    cases += [("attention", 256, engine_splits, True, {}, gemv) for gemv in args.gemv]
+    cases += [("none", 256, None, True, {}, None)]
     steps = {}
     for ctx in {case[1] for case in cases}:
         _, _, _, cache, md = make_step([(ctx, 1)], seed=1)
         steps[ctx] = cache, md, md.seq_lens.long() - 1
-    for mode, ctx, splits, rotary, launch in cases:
+    for mode, ctx, splits, rotary, launch, gemv in cases:
+        shape, config = gemv or (None, None)
+        triton_gemv.gemv_config = lambda n, k: config if (n, k) == shape else tuned_config(n, k)  # noqa: B023
         layers(mode, ctx, splits, rotary, launch)  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -111,6 +125,7 @@ def main() -> None:
         us = start.elapsed_time(end) / 50 * 1000 / LAYERS
         detail = f"ctx {ctx:5d}, {splits:2d} splits, rotary {rotary}" if mode == "attention" else ""
         detail += "".join(f", {key} {value}" for key, value in launch.items())
+        detail += f", {shape[0]}x{shape[1]}={','.join(map(str, config))}" if gemv else ""
         print(f"{mode:9s} {detail:60s} {us:7.2f} us per layer")
 
 

@@ -536,13 +536,15 @@ def _decode_attention_kernel(
         tl.store(part_lse_ptr + row + split, lse, mask=h_mask)
         tl.debug_barrier()  # every thread's partial stores come before the release below
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_used - 1:  # the last split to finish
+            # Reset for the next launch (ordered after this one by the kernel boundary): a plain store, issued
+            # before the merge so that nothing waits on it.
+            tl.store(counter, 0)
             first_head = kv_head * QUERIES_PER_KV
             _merge_partitions(
                 out_ptr + q_tok * stride_ot + first_head * stride_oh, stride_oh, part_out_ptr, part_lse_ptr,
                 (seq_idx.to(tl.int64) * num_heads + first_head) * num_splits, num_splits, num_used,
                 QUERIES_PER_KV, QPK_P2, HEAD_SIZE, HEAD_P2, SPLIT_TILE,
             )  # fmt: skip
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 # ------------------------------------------------------------------------------------------------------------
