@@ -66,6 +66,8 @@ def main() -> None:
                         help="contexts of the --launch cases (default 256,1024; W3 decodes at 128 to 384)")  # fmt: skip
     parser.add_argument("--gemv", type=_gemv_override, action="append", default=[],
                         help="one projection's GemvConfig, e.g. 4096x14336=8,1024,8,0 (repeatable)")  # fmt: skip
+    parser.add_argument("--splits", type=lambda text: [int(c) for c in text.split(",")], default=[],
+                        help="split counts (launch grids) to compare with the engine's, at the --contexts")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="only the chain without attention and with attention at the --contexts")  # fmt: skip
     args = parser.parse_args()
@@ -107,6 +109,7 @@ def main() -> None:
     if args.quick:
         cases = [("none", 256, None, True, {}, None)]
         cases += [("attention", ctx, engine_splits, True, {}, None) for ctx in args.contexts]
+    cases += [("attention", ctx, splits, True, {}, None) for splits in args.splits for ctx in args.contexts]
     steps = {}
     for ctx in {case[1] for case in cases}:
         _, _, _, cache, md = make_step([(ctx, 1)], seed=1)
