@@ -6,13 +6,15 @@ attention kernel (one sequence, several contexts, the engine's split count or on
 rotary embedding), a minimal PDL kernel that waits and copies the query to the output, or nothing. Prints
 microseconds per layer.
 
-    python benchmarks/decode_chain_cost.py [--contexts 128,256,384] [--launch tile_n=128,num_warps=8 ...]
-        [--gemv 4096x14336=8,1024,8,0 ...]
+    python benchmarks/decode_chain_cost.py [--quick] [--contexts 128,256,384] [--launch tile_n=128,num_warps=8 ...]
+        [--splits 4,8] [--gemv 4096x14336=8,1024,8,0 ...]
 
 Each ``--launch`` adds the attention cases at the ``--contexts`` (256 and 1,024 unless given) with
 ``decode_attention``'s launch overrides (``tile_n``, ``min_partition``, ``num_warps``, ``num_stages``), so kernel
 variants compare in one run. Each ``--gemv NxK=block_n,block_k,num_warps,programs_per_sm`` adds the attention case
 at context 256 with that ``GemvConfig`` for the N x K projection (4096x14336 is the down projection).
+``--splits`` adds the attention cases at the ``--contexts`` with those split counts (launch grids), and
+``--quick`` leaves out the fixed cases but the chain without attention and attention at the ``--contexts``.
 """
 
 from __future__ import annotations
@@ -100,16 +102,17 @@ def main() -> None:
     # The engine captures its graphs for max_model_len (4,096), which sets the split count; a context then uses
     # the splits its length fills, of one 64-key tile each at batch 1.
     engine_splits = tk.decode_num_splits(1, 8, 4096, torch.device(DEV))
-    cases = [("none", 256, None, True, {}, None), ("copy", 256, None, True, {}, None)]
-    cases += [("attention", ctx, engine_splits, True, {}, None) for ctx in sorted({16, 256, 1024, *args.contexts})]
-    cases += [("attention", 256, engine_splits, False, {}, None), ("attention", 256, 1, True, {}, None)]
-    cases += [("attention", ctx, engine_splits, True, launch, None) for launch in args.launch for ctx in args.contexts]
-    cases += [("attention", 256, engine_splits, True, {}, gemv) for gemv in args.gemv]
-    cases += [("none", 256, None, True, {}, None)]
+    none = [("none", 256, None, True, {}, None)]
     if args.quick:
-        cases = [("none", 256, None, True, {}, None)]
-        cases += [("attention", ctx, engine_splits, True, {}, None) for ctx in args.contexts]
+        cases = none + [("attention", ctx, engine_splits, True, {}, None) for ctx in args.contexts]
+    else:
+        cases = none + [("copy", 256, None, True, {}, None)]
+        cases += [("attention", ctx, engine_splits, True, {}, None) for ctx in sorted({16, 256, 1024, *args.contexts})]
+        cases += [("attention", 256, engine_splits, False, {}, None), ("attention", 256, 1, True, {}, None)]
+    cases += [("attention", ctx, engine_splits, True, launch, None) for launch in args.launch for ctx in args.contexts]
     cases += [("attention", ctx, splits, True, {}, None) for splits in args.splits for ctx in args.contexts]
+    cases += [("attention", 256, engine_splits, True, {}, gemv) for gemv in args.gemv]
+    cases += none
     steps = {}
     for ctx in {case[1] for case in cases}:
         _, _, _, cache, md = make_step([(ctx, 1)], seed=1)

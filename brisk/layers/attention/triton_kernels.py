@@ -568,10 +568,13 @@ _LARGE_DECODE_TILE_SMEM = 200 * 1024
 def _decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int, int, int]:
     """(keys per tile, pipeline stages, fewest keys per split) of the decode kernel. A single sequence takes the
     small tiles and 64-key splits: its launch is latency-bound, and on the H200 W3 ran at 240 to 243 tok/s that
-    way against 236 with the large tiles (docs/benchmarks.md)."""
+    way against 236 with the large tiles (docs/benchmarks.md). Its splits are mostly one tile long, so its loop
+    rarely runs and takes no pipeline stages: they only cost it setup (0.6 us per layer, W3 259.2 vs 258.4)."""
     if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
         return 128, 3, DECODE_MIN_PARTITION
-    return (64 if head_p2 <= 128 else 32), 2, (64 if num_seqs == 1 else DECODE_MIN_PARTITION)
+    if num_seqs == 1:
+        return (64 if head_p2 <= 128 else 32), 1, 64
+    return (64 if head_p2 <= 128 else 32), 2, DECODE_MIN_PARTITION
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
