@@ -41,8 +41,11 @@ class TorchAttentionImpl(AttentionImpl):
             # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it. A
             # single query sees every key and a whole prompt is plain causal: no mask tensor, so SDPA may take
             # its fused kernels; a chunk after cached tokens needs the offset mask.
-            mask, causal = None, query_len == seq_len and query_len > 1
-            if 1 < query_len < seq_len:
+            if query_len == 1:
+                output[q_start:q_end] = self._single_query(q, k, v)
+                continue
+            mask, causal = None, query_len == seq_len
+            if query_len < seq_len:
                 q_pos = torch.arange(seq_len - query_len, seq_len, device=query.device)
                 mask = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None]
             out = F.scaled_dot_product_attention(
@@ -56,6 +59,15 @@ class TorchAttentionImpl(AttentionImpl):
             )
             output[q_start:q_end] = out.transpose(0, 1).to(output.dtype)
         return output
+
+    def _single_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One query token ([1, heads, head]) over all of its keys ([seq_len, kv_heads, head]). The query heads of
+        a GQA group become that group's query rows, so SDPA runs without repeating KV heads and without a mask,
+        which lets it take its fused kernel (on CPU about half the time of the GQA path)."""
+        kv_heads, head_size = k.shape[1], k.shape[2]
+        grouped = q.reshape(kv_heads, -1, head_size).to(k.dtype)  # head h belongs to kv head h // group
+        out = F.scaled_dot_product_attention(grouped, k.transpose(0, 1), v.transpose(0, 1), scale=self.scale)
+        return out.reshape(1, -1, head_size).to(q.dtype)
 
     def _decode_batched(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         """All sequences of a decode step in one SDPA call over their pages, padded to the longest context."""
