@@ -35,8 +35,8 @@ class TorchAttentionImpl(AttentionImpl):
                 continue
             num_blocks = -(-seq_len // block_size)
             blocks = metadata.block_tables[i, :num_blocks].long()
-            k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]  # [seq_len, kv_heads, head]
-            v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
+            # One index_select for keys and values: advanced indexing costs twice as much per call on CPU.
+            k, v = kv_cache.index_select(1, blocks).flatten(1, 2)[:, :seq_len]  # each [seq_len, kv_heads, head]
             q = query[q_start:q_end]
             # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it. A
             # single query sees every key and a whole prompt is plain causal: no mask tensor, so SDPA may take
@@ -74,8 +74,8 @@ class TorchAttentionImpl(AttentionImpl):
         block_size = kv_cache.shape[2]
         num_blocks = -(-metadata.max_seq_len // block_size)
         tables = metadata.block_tables[: metadata.num_seqs, :num_blocks].long()
-        k = kv_cache[0, tables].flatten(1, 2).transpose(1, 2)  # [seqs, kv_heads, padded_len, head]
-        v = kv_cache[1, tables].flatten(1, 2).transpose(1, 2)
+        pages = kv_cache.index_select(1, tables.flatten()).unflatten(1, tables.shape)  # [2, seqs, blocks, ...]
+        k, v = pages.flatten(2, 3).transpose(2, 3)  # each [seqs, kv_heads, padded_len, head]
         positions = torch.arange(k.shape[2], device=query.device)
         mask = (positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None])[:, None, :, None]
         # Padding slots may hold anything (stale or never-written values): zero them, masking alone keeps NaN.
