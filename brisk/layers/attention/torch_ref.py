@@ -74,13 +74,14 @@ class TorchAttentionImpl(AttentionImpl):
         block_size = kv_cache.shape[2]
         num_blocks = -(-metadata.max_seq_len // block_size)
         tables = metadata.block_tables[: metadata.num_seqs, :num_blocks].long()
-        pages = kv_cache.index_select(1, tables.flatten()).unflatten(1, tables.shape)  # [2, seqs, blocks, ...]
-        k, v = pages.flatten(2, 3).transpose(2, 3)  # each [seqs, kv_heads, padded_len, head]
-        positions = torch.arange(k.shape[2], device=query.device)
-        mask = (positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None])[:, None, :, None]
+        pages = kv_cache.index_select(1, tables.flatten()).unflatten(1, tables.shape).flatten(2, 3)
+        positions = torch.arange(pages.shape[2], device=query.device)
+        valid = positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None]  # [seqs, padded_len]
         # Padding slots may hold anything (stale or never-written values): zero them, masking alone keeps NaN.
-        k, v = k.masked_fill(~mask, 0), v.masked_fill(~mask, 0)
-        mask = mask.transpose(2, 3)  # [seqs, 1, 1, padded_len]
+        # In place on the fresh, contiguous gather (one pass for keys and values, not two strided copies).
+        pages.masked_fill_(~valid[None, :, :, None, None], 0)
+        k, v = pages.transpose(2, 3)  # each [seqs, kv_heads, padded_len, head]
+        mask = valid[:, None, None, :]  # [seqs, 1, 1, padded_len]
         out = F.scaled_dot_product_attention(
             query[:, :, None, :].to(k.dtype),  # [seqs, heads, 1, head]
             k,
