@@ -54,6 +54,10 @@ def _launch_overrides(text: str) -> dict[str, int]:
     return overrides
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(item) for item in text.split(",")]
+
+
 def _gemv_override(text: str) -> tuple[tuple[int, int], triton_gemv.GemvConfig]:
     shape, config = text.split("=")
     n, k = (int(v) for v in shape.split("x"))
@@ -64,11 +68,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--launch", type=_launch_overrides, action="append", default=[],
                         help="decode_attention launch overrides, e.g. tile_n=128,num_warps=8 (repeatable)")  # fmt: skip
-    parser.add_argument("--contexts", type=lambda text: [int(c) for c in text.split(",")], default=[256, 1024],
-                        help="contexts of the --launch cases (default 256,1024; W3 decodes at 128 to 384)")  # fmt: skip
+    parser.add_argument("--contexts", type=_int_list, default=[256, 1024],
+                        help="contexts of the --launch, --splits and --quick cases (W3: 128 to 384)")  # fmt: skip
     parser.add_argument("--gemv", type=_gemv_override, action="append", default=[],
                         help="one projection's GemvConfig, e.g. 4096x14336=8,1024,8,0 (repeatable)")  # fmt: skip
-    parser.add_argument("--splits", type=lambda text: [int(c) for c in text.split(",")], default=[],
+    parser.add_argument("--splits", type=_int_list, default=[],
                         help="split counts (launch grids) to compare with the engine's, at the --contexts")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="only the chain without attention and with attention at the --contexts")  # fmt: skip
@@ -119,7 +123,9 @@ def main() -> None:
         steps[ctx] = cache, md, md.seq_lens.long() - 1
     for mode, ctx, splits, rotary, launch, gemv in cases:
         shape, config = gemv or (None, None)
-        triton_gemv.gemv_config = lambda n, k: config if (n, k) == shape else tuned_config(n, k)  # noqa: B023
+        triton_gemv.gemv_config = tuned_config  # the engine's choice, or one projection's override for this case
+        if gemv:
+            triton_gemv.gemv_config = lambda n, k: config if (n, k) == shape else tuned_config(n, k)  # noqa: B023
         layers(mode, ctx, splits, rotary, launch)  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

@@ -572,9 +572,8 @@ def _decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int
     rarely runs and takes no pipeline stages: they only cost it setup (0.6 us per layer, W3 259.2 vs 258.4)."""
     if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
         return 128, 3, DECODE_MIN_PARTITION
-    if num_seqs == 1:
-        return (64 if head_p2 <= 128 else 32), 1, 64
-    return (64 if head_p2 <= 128 else 32), 2, DECODE_MIN_PARTITION
+    small_tile = 64 if head_p2 <= 128 else 32
+    return (small_tile, 1, 64) if num_seqs == 1 else (small_tile, 2, DECODE_MIN_PARTITION)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
