@@ -9,8 +9,11 @@ into one int32 staging array (pinned on GPUs, so the copy is asynchronous) laid 
 with T tokens, S sequences and W the widest row of block ids the step reads. An input id ``-1 - j`` stands for row
 ``j`` of the previous step's sampled ids, still on the device (async scheduling: the host has not seen it yet).
 One copy and one unpack launch (``triton_step_inputs.py``) replace a copy per buffer plus the indexing kernels
-that fed sampled tokens. With async scheduling the host packs step N+1 while step N's copy may still be queued,
-so packing first waits for the previous copy (an event that has almost always fired by then).
+that fed sampled tokens. A small step (a decode batch) skips the copy too: the unpack kernel reads the pinned
+array in place, one round trip over the bus, where a copy-engine transfer between two kernels waited about 5 us
+for the engine (the profile of a batch-1 step). With async scheduling the host packs step N+1 while step N's
+read of the array may still be queued, so packing first waits for that read (an event that has almost always
+fired by then).
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class DeviceInputs(NamedTuple):
     block_table: torch.Tensor
 
 
+# Steps of at most this many packed entries are read in place from pinned memory (one unpack program's block);
+# larger ones, such as prefill chunks, are copied: the copy engine moves them faster than scattered bus reads.
+ZERO_COPY_MAX_ENTRIES = 1024
+
+
 class InputBuffers:
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: torch.device):
         capacity = 3 * max_tokens + 2 * max_seqs + 1 + max_seqs * max_blocks_per_seq
@@ -71,16 +79,16 @@ class InputBuffers:
         # only writes the blocks added since the last one.
         self.np_block_table = np.zeros((max_seqs, max_blocks_per_seq), dtype=np.int32)
         self._row_source: list[tuple[list[int], int] | None] = [None] * max_seqs
-        self._copied: torch.cuda.Event | None = None
+        self._read: torch.cuda.Event | None = None  # the device's last read of the staging array
         self._step: StepInputs | None = None
         self._unpack = _unpack_kernel(device) or _unpack_reference
 
     def begin_step(self, num_tokens: int, num_seqs: int) -> StepInputs:
         """The staging views for a step of ``num_tokens`` tokens in ``num_seqs`` sequences (padding included),
-        once the previous step's copy has read the staging array."""
-        if self._copied is not None:
-            self._copied.synchronize()
-            self._copied = None
+        once the device has read the previous step's staging array."""
+        if self._read is not None:
+            self._read.synchronize()
+            self._read = None
         p, t, s = self._np_packed, num_tokens, num_seqs
         self._step = StepInputs(
             p[:t], p[t : 2 * t], p[2 * t : 3 * t], p[3 * t : 3 * t + s], p[3 * t + s : 3 * t + 2 * s + 1]
@@ -118,12 +126,13 @@ class InputBuffers:
         end = base + num_seqs * block_width
         self._np_packed[base:end].reshape(num_seqs, block_width)[:] = self.np_block_table[:num_seqs, :block_width]
         packed = self.packed[:end]
-        if self.packed_device is not None:
+        if self.packed_device is not None and end > ZERO_COPY_MAX_ENTRIES:
             packed = self.packed_device[:end]
             packed.copy_(self.packed[:end], non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
         self._unpack(packed, sampled, self.on_device, num_tokens, num_seqs, block_width)
+        if self.packed_device is not None:
+            self._read = torch.cuda.Event()
+            self._read.record()
 
     def metadata(
         self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]

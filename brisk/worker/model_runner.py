@@ -50,8 +50,10 @@ class LaunchedStep:
         logprobs: list[PositionLogprobs | None] | None,
         chosen: list[float | None] | None,
         prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]],
+        host_inputs: tuple[torch.Tensor, ...] = (),
     ):
         self.schedule = schedule
+        self._host_inputs = host_inputs  # pinned memory the step's kernels read in place: kept until it is done
         self._sample_rows = sample_rows
         self._sampled_host = sampled_host
         self._done = done
@@ -217,6 +219,7 @@ class ModelRunner:
 
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
         sampled_host = done = logprobs = chosen = None
+        host_inputs: tuple[torch.Tensor, ...] = ()
         if sample_rows:
             if len(sample_rows) == num_tokens:  # pure decode: every row samples
                 rows = hidden
@@ -228,16 +231,19 @@ class ModelRunner:
             logprobs, chosen = result.logprobs, result.chosen_logprobs
             self._last_sampled = result.token_ids
             self._last_sample_rows = {r.request_id: j for j, r in enumerate(requests)}
+            host_inputs = result.host_inputs
             if self.device.type == "cpu":
                 sampled_host = result.token_ids
             else:
-                sampled_host = torch.empty(len(sample_rows), dtype=torch.int64, pin_memory=True)
-                sampled_host.copy_(result.token_ids, non_blocking=True)
+                sampled_host = result.host_token_ids
+                if sampled_host is None:
+                    sampled_host = torch.empty(len(sample_rows), dtype=torch.int64, pin_memory=True)
+                    sampled_host.copy_(result.token_ids, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record()
         prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
         timer.mark("sample")
-        return LaunchedStep(out, sample_rows, sampled_host, done, logprobs, chosen, prompt_logprobs)
+        return LaunchedStep(out, sample_rows, sampled_host, done, logprobs, chosen, prompt_logprobs, host_inputs)
 
     def _prompt_logprobs(
         self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, metadata: AttentionMetadata

@@ -26,6 +26,10 @@ class SamplerOutput:
     token_ids: torch.Tensor
     logprobs: list[PositionLogprobs | None] | None
     chosen_logprobs: list[float | None] | None
+    # The ids in pinned host memory, when the sampling kernel wrote them there itself (valid once the step is done).
+    host_token_ids: torch.Tensor | None = None
+    # Pinned host inputs that the kernels read in place: they must outlive the step.
+    host_inputs: tuple[torch.Tensor, ...] = ()
 
 
 def _apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
@@ -139,8 +143,9 @@ class Sampler:
     def _sample_fused(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         """Plain temperature / greedy rows: one kernel pass over the logits."""
         temps = [0.0 if r.sampling_params.greedy else r.sampling_params.temperature for r in requests]
-        temperature = to_device_async(temps, torch.float32, self.device)
-        return SamplerOutput(self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31)), None, None)
+        temperature = torch.tensor(temps, dtype=torch.float32, pin_memory=True)  # read in place by the kernel
+        ids, host_ids = self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31))
+        return SamplerOutput(ids, None, None, host_token_ids=host_ids, host_inputs=(temperature,))
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
         params = [r.sampling_params for r in requests]

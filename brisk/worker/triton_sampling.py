@@ -23,10 +23,10 @@ def _gumbel_argmax_kernel(
 ):  # fmt: skip
     """Program (row, split) finds the best of the ``split_len`` columns of its split: the candidate it stores for
     ``_pick_split_kernel``."""
-    start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
     split = tl.program_id(1)
-    temperature = tl.load(temperature_ptr + row)
+    temperature = tl.load(temperature_ptr + row)  # host memory read in place: its bus round trip overlaps the wait
+    start_dependent_kernel(USE_PDL)
     greedy = temperature == 0.0
     inv_t = 1.0 / tl.where(greedy, 1.0, temperature)
     best_val = tl.full((), float("-inf"), tl.float32)
@@ -51,21 +51,29 @@ def _gumbel_argmax_kernel(
 
 
 @triton.jit(do_not_specialize=["splits"])
-def _pick_split_kernel(part_val_ptr, part_idx_ptr, out_ptr, splits, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr):
-    """The best of a row's split candidates; the leftmost wins ties, so the earliest column does overall."""
+def _pick_split_kernel(
+    part_val_ptr, part_idx_ptr, out_ptr, host_out_ptr, splits, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr
+):  # fmt: skip
+    """The best of a row's split candidates; the leftmost wins ties, so the earliest column does overall. It is
+    stored twice: on the device for the next step, and in host memory for the host to read."""
     start_dependent_kernel(USE_PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, SPLITS_P2)
     vals = tl.load(part_val_ptr + row * splits + offs, mask=offs < splits, other=float("-inf"))
     best = tl.argmax(vals, axis=0, tie_break_left=True)
-    tl.store(out_ptr + row, tl.load(part_idx_ptr + row * splits + best).to(tl.int64))
+    token = tl.load(part_idx_ptr + row * splits + best).to(tl.int64)
+    tl.store(out_ptr + row, token)
+    tl.store(host_out_ptr + row, token)
 
 
 SAMPLING_BLOCK = 4096
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> torch.Tensor:
-    """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature).
+def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature). Returns the
+    ids on the device and in host memory (pinned on a GPU), both written by the kernel: reading them back takes
+    no copy, whose transfer waited about 5 us for the copy engine after each batch-1 step. ``temperature`` may
+    be pinned host memory, read in place.
 
     A few rows split their vocabulary across programs (one block of columns each at batch 1), so that a
     128k-entry row is read by the whole GPU rather than by one SM; a second launch picks each row's best split.
@@ -74,8 +82,9 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
     """
     rows, vocab = logits.shape
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    host_out = torch.empty(rows, dtype=torch.int64, pin_memory=logits.is_cuda)
     if not rows:
-        return out
+        return out, host_out
     block = min(SAMPLING_BLOCK, triton.next_power_of_2(vocab))
     blocks = triton.cdiv(vocab, block)
     splits = max(1, min(blocks, triton.cdiv(num_sms(logits.device), rows)))
@@ -89,6 +98,6 @@ def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) ->
         **pdl,
     )  # fmt: skip
     _pick_split_kernel[(rows,)](
-        part_val, part_idx, out, splits, SPLITS_P2=triton.next_power_of_2(blocks), num_warps=1, **pdl
+        part_val, part_idx, out, host_out, splits, SPLITS_P2=triton.next_power_of_2(blocks), num_warps=1, **pdl
     )
-    return out
+    return out, host_out

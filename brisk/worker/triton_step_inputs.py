@@ -46,8 +46,8 @@ def _unpack_step_inputs_kernel(
 def unpack_step_inputs(
     packed: torch.Tensor, sampled: torch.Tensor | None, out: DeviceInputs, num_tokens: int, num_seqs: int, width: int
 ) -> None:
-    """Write ``packed`` (on the device) into ``out``, as ``InputBuffers`` lays it out; ``sampled``: the previous
-    step's sampled ids when some input ids refer to them."""
+    """Write ``packed`` (on the device, or pinned host memory that the kernel reads in place) into ``out``, as
+    ``InputBuffers`` lays it out; ``sampled``: the previous step's sampled ids when some input ids refer to them."""
     assert out.block_table.stride(1) == 1
     largest = max(num_tokens, num_seqs + 1, num_seqs * width)
     _unpack_step_inputs_kernel[(triton.cdiv(largest, UNPACK_BLOCK),)](

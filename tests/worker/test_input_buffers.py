@@ -87,3 +87,30 @@ def test_input_buffers_pack_pad_and_feed():
     buffers.clear_block_table()
     buffers.write_block_table_row(0, table)
     assert buffers.np_block_table[0, :4].tolist() == [7, 8, 9, 10]
+
+
+def test_large_steps_are_copied_and_small_ones_read_in_place():
+    """On a GPU a step of more than ZERO_COPY_MAX_ENTRIES packed entries goes through the device copy and a smaller
+    one is read from pinned memory by the kernel; each lands whole, and the small step packed right after the large
+    one does not disturb what the large one's copy moved."""
+    from brisk.worker.input_buffers import ZERO_COPY_MAX_ENTRIES
+
+    buffers = InputBuffers(MAX_TOKENS, MAX_SEQS, MAX_BLOCKS, torch.device(DEVICE))
+    num_tokens = ZERO_COPY_MAX_ENTRIES // 3 + 1
+    buffers.write_block_table_row(0, list(range(1, 1 + -(-num_tokens // 16))))
+    step = buffers.begin_step(num_tokens, 1)
+    step.input_ids[:] = np.arange(num_tokens) + 1000
+    step.positions[:] = np.arange(num_tokens)
+    step.slot_mapping[:] = np.arange(num_tokens) + 16
+    step.seq_lens[0], step.query_start_loc[:2] = num_tokens, [0, num_tokens]
+    buffers.upload(block_width=-(-num_tokens // 16), sampled=None)
+    large_ids = buffers.on_device.input_ids[:num_tokens].clone()
+    step = buffers.begin_step(1, 1)
+    step.input_ids[0], step.positions[0], step.slot_mapping[0] = -1, num_tokens, num_tokens + 16
+    step.seq_lens[0], step.query_start_loc[:2] = num_tokens + 1, [0, 1]
+    buffers.upload(block_width=-(-(num_tokens + 1) // 16), sampled=torch.tensor([77], device=DEVICE))
+    assert large_ids.tolist() == list(range(1000, 1000 + num_tokens))
+    assert buffers.on_device.input_ids[0].item() == 77
+    assert buffers.on_device.positions[0].item() == num_tokens
+    assert buffers.on_device.slot_mapping[:2].tolist() == [num_tokens + 16, 17]
+    assert buffers.on_device.seq_lens[0].item() == num_tokens + 1

@@ -11,9 +11,10 @@ def test_greedy_rows_are_argmax_with_first_index_on_ties():
     torch.manual_seed(0)
     logits = torch.randn(6, 9000, device=DEVICE)
     logits[3, 100] = logits[3, 8500] = logits[3].max() + 1  # a tie across two blocks
-    out = triton_sampling.gumbel_argmax(logits, torch.zeros(6, device=DEVICE), seed=1)
-    assert out.tolist() == logits.argmax(-1).tolist()
-    assert out[3].item() == 100
+    temperature = torch.zeros(6, pin_memory=torch.cuda.is_available())  # host memory, read in place
+    out, host = triton_sampling.gumbel_argmax(logits, temperature, seed=1)
+    assert out.tolist() == logits.argmax(-1).tolist() == host.tolist()
+    assert out[3].item() == 100 and host.device.type == "cpu"
 
 
 def test_sampled_rows_follow_the_tempered_softmax():
@@ -21,11 +22,12 @@ def test_sampled_rows_follow_the_tempered_softmax():
     base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], device=DEVICE)
     rows, temperature = 800, 0.7
     logits = base.repeat(rows, 1)
-    out = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=1234)
+    out, host = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=1234)
+    assert torch.equal(out.cpu(), host)
     freq = torch.bincount(out.long().cpu(), minlength=6).float() / rows
     expected = (base / temperature).softmax(-1).cpu()
     assert (freq - expected).abs().max() < 0.06  # about 3 standard deviations at 800 draws
-    again = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=1234)
+    again, _ = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=1234)
     assert torch.equal(out, again)  # same seed, same draws
-    other = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=99)
+    other, _ = triton_sampling.gumbel_argmax(logits, torch.full((rows,), temperature, device=DEVICE), seed=99)
     assert not torch.equal(out, other)
