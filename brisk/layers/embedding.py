@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.fused import dense
+from brisk.layers.fused import dense, fused_ops_for
 
 
 class VocabEmbedding(nn.Module):
@@ -15,6 +15,9 @@ class VocabEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        ops = fused_ops_for(input_ids)
+        if ops is not None:
+            return ops.embedding(input_ids, self.weight)
         return F.embedding(input_ids, self.weight)
 
 

@@ -15,6 +15,33 @@ from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
 
 
 @triton.jit
+def _embedding_kernel(ids_ptr, weight_ptr, out_ptr, hidden, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """Program t copies the embedding row of token t."""
+    start_dependent_kernel(USE_PDL)
+    token = tl.program_id(0)
+    row = tl.load(ids_ptr + token).to(tl.int64)
+    for start in range(0, hidden, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        mask = cols < hidden
+        tl.store(out_ptr + token * hidden + cols, tl.load(weight_ptr + row * hidden + cols, mask=mask), mask=mask)
+
+
+def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.embedding(input_ids, weight)``. Launched with PDL for one token, so that the first projection of a
+    batch-1 decode step starts loading its weights while the row is copied (torch's gather does not let it)."""
+    assert weight.is_contiguous()
+    ids = input_ids.reshape(-1)
+    hidden = weight.shape[1]
+    out = torch.empty((ids.numel(), hidden), dtype=weight.dtype, device=weight.device)
+    if ids.numel():
+        _embedding_kernel[(ids.numel(),)](
+            ids, weight, out, hidden, BLOCK=min(4096, triton.next_power_of_2(hidden)), num_warps=4,
+            **pdl_launch_options(weight.device, ids.numel()),
+        )  # fmt: skip
+    return out.view(*input_ids.shape, hidden)
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     x_stride, hidden, eps,

@@ -45,3 +45,12 @@ def test_silu_and_mul():
     torch.manual_seed(0)
     x = torch.randn(3, 2, 2 * 80, device=DEVICE)
     torch.testing.assert_close(triton_ops.silu_and_mul(x), SiluAndMul()._reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ids_shape,hidden", [((1,), 96), ((3, 5), 4100)])
+def test_embedding_gathers_the_rows_of_the_ids(ids_shape, hidden):
+    """One token (the PDL launch on a GPU) and a batch whose rows span more than one block of columns."""
+    torch.manual_seed(0)
+    weight = torch.randn(50, hidden, device=DEVICE)
+    ids = torch.randint(0, 50, ids_shape, device=DEVICE)
+    assert torch.equal(triton_ops.embedding(ids, weight), torch.nn.functional.embedding(ids, weight))
