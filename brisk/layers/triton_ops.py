@@ -18,7 +18,7 @@ from brisk.layers.pdl import pdl_launch_options, start_dependent_kernel
 def _embedding_kernel(ids_ptr, weight_ptr, out_ptr, hidden, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """Program t copies the embedding row of token t."""
     start_dependent_kernel(USE_PDL)
-    token = tl.program_id(0)
+    token = tl.program_id(0).to(tl.int64)
     row = tl.load(ids_ptr + token).to(tl.int64)
     for start in range(0, hidden, BLOCK):
         cols = start + tl.arange(0, BLOCK)
