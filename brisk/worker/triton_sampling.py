@@ -72,8 +72,9 @@ SAMPLING_BLOCK = 4096
 def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: argmax when its temperature is 0, else a sample from softmax(logits / temperature). Returns the
     ids on the device and in host memory (pinned on a GPU), both written by the kernel: reading them back takes
-    no copy, whose transfer waited about 5 us for the copy engine after each batch-1 step. ``temperature`` may
-    be pinned host memory, read in place.
+    no copy, whose transfer waited about 5 us for the copy engine after each batch-1 step. ``temperature`` is
+    read before the PDL wait, so it must not be written by the kernel before: pinned host memory (read in place)
+    or a tensor that is ready when the launch is made.
 
     A few rows split their vocabulary across programs (one block of columns each at batch 1), so that a
     128k-entry row is read by the whole GPU rather than by one SM; a second launch picks each row's best split.

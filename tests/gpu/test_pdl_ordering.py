@@ -64,11 +64,12 @@ def _early_read(buffer: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _consumer_sees_late_writes(buffer: torch.Tensor, consume, reset=lambda: None) -> None:
+def _consumer_sees_late_writes(buffer: torch.Tensor, consume, reset=lambda: None, stale=None) -> None:
     """``consume()`` (PDL launches reading ``buffer``) gives the same results on inputs written late by a PDL
-    producer as on inputs written before it started."""
+    producer as on inputs written before it started (``stale``: what the buffer holds until then; random values
+    by default)."""
     fresh = buffer.clone()
-    stale = torch.randn_like(buffer.float()).to(buffer.dtype)
+    stale = torch.randn_like(buffer.float()).to(buffer.dtype) if stale is None else stale
     reset()
     expected = [t.clone() for t in consume()]  # also compiles the consumers before the timed launches
     buffer.copy_(stale)
@@ -112,6 +113,37 @@ def test_gemvs_wait_for_their_input(projection):
         w = 0.02 * torch.randn(HIDDEN, 14336, device=DEV, dtype=BF16)
         consume = lambda: (triton_gemv.silu_and_mul_gemv(inputs, w, None),)  # noqa: E731
     _consumer_sees_late_writes(inputs, consume)
+
+
+def test_embedding_waits_for_its_token_id():
+    """One token (the PDL launch): the id is written late by the kernel before, as the unpack kernel writes it."""
+    weight = torch.randn(100, HIDDEN, device=DEV, dtype=BF16)
+    ids = torch.tensor([42], device=DEV)
+    _consumer_sees_late_writes(ids, lambda: (triton_ops.embedding(ids, weight),), stale=torch.tensor([7], device=DEV))
+
+
+def test_unpack_waits_for_the_sampled_ids():
+    """A one-token step read in place from pinned memory (loaded before the wait), whose input id is row 1 of the
+    previous step's sampled ids (written late)."""
+    from brisk.worker.input_buffers import DeviceInputs
+    from brisk.worker.triton_step_inputs import unpack_step_inputs
+
+    # [ids | positions | slots | seq_lens | query_start_loc | block table], one token of one sequence, width 2
+    packed = torch.tensor([-2, 5, 37, 6, 0, 1, 3, 4], dtype=torch.int32, pin_memory=True)
+    sampled = torch.tensor([11, 22, 33], device=DEV)
+    out = DeviceInputs(
+        *(torch.zeros(4, dtype=torch.int64, device=DEV) for _ in range(3)),
+        torch.zeros(2, dtype=torch.int32, device=DEV),
+        torch.zeros(3, dtype=torch.int32, device=DEV),
+        torch.zeros(2, 4, dtype=torch.int32, device=DEV),
+    )
+
+    def consume():
+        unpack_step_inputs(packed, sampled, out, 1, 1, 2)
+        return out
+
+    _consumer_sees_late_writes(sampled, consume, stale=torch.tensor([0, 99, 0], device=DEV))
+    assert out.input_ids[0].item() == 22 and out.block_table[0, :2].tolist() == [3, 4]
 
 
 def test_rms_norm_waits_for_its_input():
