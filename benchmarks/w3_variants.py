@@ -1,11 +1,11 @@
 """W3 (`brisk bench latency` on the Llama-3.1-8B shape) with the decode-attention launch changed, on a GPU (not a
 test): the figures of docs/benchmarks.md's "Where W3's time goes".
 
-    python benchmarks/w3_variants.py OUT.json [tile=64 stages=2 part=64 splits=1 | no-attention]
+    python benchmarks/w3_variants.py OUT.json [tile=64 stages=2 part=64 warps=8 splits=1 | no-attention]
 
-``tile``, ``stages`` and ``part`` replace the decode kernel's keys per tile, pipeline stages and fewest keys per
-split; ``splits`` its split count; ``no-attention`` skips attention on decode steps (an empty output, no
-kernel), which leaves the weight reads and everything else of the step.
+``tile``, ``stages``, ``part`` and ``warps`` replace the decode kernel's keys per tile, pipeline stages, fewest
+keys per split and warps; ``splits`` its split count; ``no-attention`` skips attention on decode steps (an empty
+output, no kernel), which leaves the weight reads and everything else of the step.
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ def patch(options: list[str]) -> None:
             return forward(self, query, key, value, kv_cache, metadata, rotary_emb, positions)
 
         triton_backend.TritonAttentionImpl.forward = skip_decode
-    if {"tile", "stages", "part"} & settings.keys():
-        default = tk._decode_tile
+    names = {"tile": "tile_n", "stages": "num_stages", "part": "min_partition", "warps": "num_warps"}
+    overrides = {names[key]: int(value) for key, value in settings.items() if key in names}
+    if overrides:
+        default = tk._decode_launch
 
-        def decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int, int, int]:
-            tile, stages, part = default(head_p2, num_seqs, device)
-            return (int(settings.get("tile", tile)), int(settings.get("stages", stages)),
-                    int(settings.get("part", part)))  # fmt: skip
+        def decode_launch(head_p2: int, num_seqs: int, device: torch.device) -> tk.DecodeLaunch:
+            return default(head_p2, num_seqs, device)._replace(**overrides)
 
-        tk._decode_tile = decode_tile
+        tk._decode_launch = decode_launch
     if "splits" in settings:
         tk.decode_num_splits = lambda *args: int(settings["splits"])
 

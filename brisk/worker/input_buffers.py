@@ -55,7 +55,7 @@ class DeviceInputs(NamedTuple):
     block_table: torch.Tensor
 
 
-# Steps of at most this many packed entries are read in place from pinned memory (one unpack program's block);
+# Steps of at most this many packed entries (one unpack program's block) are read in place from pinned memory;
 # larger ones, such as prefill chunks, are copied: the copy engine moves them faster than scattered bus reads.
 ZERO_COPY_MAX_ENTRIES = 1024
 

@@ -12,9 +12,9 @@ import triton
 import triton.language as tl
 
 from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, wait_for_previous_kernel
-from brisk.worker.input_buffers import DeviceInputs
+from brisk.worker.input_buffers import ZERO_COPY_MAX_ENTRIES, DeviceInputs
 
-UNPACK_BLOCK = 1024
+UNPACK_BLOCK = ZERO_COPY_MAX_ENTRIES  # a step read in place from host memory is one program's block
 
 
 # Two compiled variants, one-token steps (launched with PDL) and the rest: sizes are not specialized (a step of one

@@ -19,6 +19,8 @@ import triton.language as tl  # noqa: E402
 from brisk.layers import triton_gemv, triton_ops  # noqa: E402
 from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.rotary import RotaryEmbedding  # noqa: E402
+from brisk.worker.input_buffers import DeviceInputs  # noqa: E402
+from brisk.worker.triton_step_inputs import unpack_step_inputs  # noqa: E402
 from tests.gpu.test_triton_gpu import HEAD_SIZE, NUM_HEADS, NUM_KV_HEADS, SCALE, make_step  # noqa: E402
 
 DEV, BF16, HIDDEN = torch.device("cuda"), torch.bfloat16, 4096
@@ -125,9 +127,6 @@ def test_embedding_waits_for_its_token_id():
 def test_unpack_waits_for_the_sampled_ids():
     """A one-token step read in place from pinned memory (loaded before the wait), whose input id is row 1 of the
     previous step's sampled ids (written late)."""
-    from brisk.worker.input_buffers import DeviceInputs
-    from brisk.worker.triton_step_inputs import unpack_step_inputs
-
     # [ids | positions | slots | seq_lens | query_start_loc | block table], one token of one sequence, width 2
     packed = torch.tensor([-2, 5, 37, 6, 0, 1, 3, 4], dtype=torch.int32, pin_memory=True)
     sampled = torch.tensor([11, 22, 33], device=DEV)

@@ -26,6 +26,7 @@ Three launchers:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -565,15 +566,29 @@ MAX_SPLIT_DECODE_GROUPS = 8192
 _LARGE_DECODE_TILE_SMEM = 200 * 1024
 
 
-def _decode_tile(head_p2: int, num_seqs: int, device: torch.device) -> tuple[int, int, int]:
-    """(keys per tile, pipeline stages, fewest keys per split) of the decode kernel. A single sequence takes the
-    small tiles and 64-key splits: its launch is latency-bound, and on the H200 W3 ran at 240 to 243 tok/s that
-    way against 236 with the large tiles (docs/benchmarks.md). Its splits are mostly one tile long, so its loop
-    rarely runs and takes no pipeline stages: they only cost it setup (0.6 us per layer, W3 259.2 vs 258.4)."""
+class DecodeLaunch(NamedTuple):
+    """The decode kernel's launch defaults for a batch (``decode_attention``'s arguments override them)."""
+
+    tile_n: int  # keys per tile
+    num_stages: int
+    min_partition: int  # fewest keys per split
+    num_warps: int
+
+
+def _decode_launch(head_p2: int, num_seqs: int, device: torch.device) -> DecodeLaunch:
+    """A single sequence's launch is latency-bound:
+    - small tiles and 64-key splits: on the H200 W3 ran at 240 to 243 tok/s that way against 236 with the large
+      tiles (docs/benchmarks.md);
+    - no pipeline stages: its splits are mostly one tile long, so its loop rarely runs and stages only cost it
+      setup (0.6 us per layer, W3 259.2 vs 258.4);
+    - 8 warps, which halve each thread's share of the tile math (W3 261 vs 258 tok/s).
+    Larger batches keep 4 warps, which leaves more programs per SM."""
     if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
-        return 128, 3, DECODE_MIN_PARTITION
+        return DecodeLaunch(128, 3, DECODE_MIN_PARTITION, 4)
     small_tile = 64 if head_p2 <= 128 else 32
-    return (small_tile, 1, 64) if num_seqs == 1 else (small_tile, 2, DECODE_MIN_PARTITION)
+    if num_seqs == 1:
+        return DecodeLaunch(small_tile, 1, 64, 8)
+    return DecodeLaunch(small_tile, 2, DECODE_MIN_PARTITION, 4)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -751,12 +766,10 @@ def decode_attention(
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     qpk = num_heads // num_kv_heads
     head_p2 = max(16, triton.next_power_of_2(head_size))
-    default_tile, default_stages, default_partition = _decode_tile(head_p2, num_seqs, query.device)
-    tile_n, num_stages = tile_n or default_tile, num_stages or default_stages
-    # A single sequence's launch is latency-bound: 8 warps halve each thread's share of the tile math (W3 261 vs
-    # 258 tok/s on the H200, docs/benchmarks.md); larger batches keep 4, which leaves more programs per SM.
-    num_warps = num_warps or (8 if num_seqs == 1 else 4)
-    min_partition = triton.cdiv(min_partition or default_partition, tile_n) * tile_n
+    default = _decode_launch(head_p2, num_seqs, query.device)
+    tile_n, num_stages = tile_n or default.tile_n, num_stages or default.num_stages
+    num_warps = num_warps or default.num_warps
+    min_partition = triton.cdiv(min_partition or default.min_partition, tile_n) * tile_n
     if num_splits is None:
         num_splits = decode_num_splits(num_seqs, num_kv_heads, metadata.max_seq_len, query.device)
     counters = _split_counters(query.device)
