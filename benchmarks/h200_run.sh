@@ -25,6 +25,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/brisk-site .whl/*.whl
 fi
 export PYTHONPATH=/tmp/brisk-site:$PWD PYTHONUNBUFFERED=1
+# FlashInfer, where it was installed into /tmp/fi-site (pip --target), joins the path so that its GPU tests run.
+[ -d /tmp/fi-site/flashinfer ] && PYTHONPATH=/tmp/fi-site:$PYTHONPATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PEER=()
 [ -f "$OUT/vllm_anchor.json" ] && PEER=(--peer-json "$OUT/vllm_anchor.json")

@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import torch
+
 from brisk.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     EngineArgs,
@@ -69,6 +71,11 @@ class LLMEngine:
         backend = args.attention_backend or default_backend(self.device)
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}.")
+        if backend == "flashinfer" and (self.device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16)):
+            raise ValueError(
+                f"attention_backend='flashinfer' runs on CUDA GPUs in float16 or bfloat16 (got {self.device.type}, "
+                f"{str(dtype).removeprefix('torch.')}); choose another dtype, or attention_backend 'triton' or 'torch'."
+            )
         self.attention_backend = backend
         self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
         self.model_runner = ModelRunner(

@@ -149,7 +149,8 @@ class ModelRunner:
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         self.buffers = InputBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device)
         self.graphs = None
-        if self.device.type == "cuda" and not enforce_eager and self.attention_backend != "torch":
+        # The torch reference loops on the host and FlashInfer plans each step on the host: both run eagerly.
+        if self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
             self.graphs = DecodeGraphs(self.model, self.buffers, max_num_seqs, self.model_config.max_model_len)
             self.graphs.capture()
 

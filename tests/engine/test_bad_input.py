@@ -110,3 +110,9 @@ def test_sliding_window_model_needs_short_max_model_len(tiny_model_factory):
     params = SamplingParams(temperature=0, max_tokens=8)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == hf_greedy(folder, prompts, max_tokens=8)
+
+
+def test_flashinfer_backend_needs_a_gpu_and_half_precision(tiny_llama):
+    """Checked before anything is loaded, whether or not flashinfer is installed."""
+    with pytest.raises(ValueError, match="'flashinfer' runs on CUDA GPUs in float16 or bfloat16 .got cpu, float32"):
+        LLM(tiny_llama, device="cpu", attention_backend="flashinfer")

@@ -101,8 +101,12 @@ def test_transformers_parity_fp32_on_gpu(tiny):
         assert ids_out == ref
 
 
-def test_8b_shape_logits_close_between_backends(tmp_path):
-    """Logprobs of an 8B-shaped model (4 of its layers) agree between the Triton and torch backends in bf16."""
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_8b_shape_logits_close_between_backends(tmp_path, backend):
+    """Logprobs of an 8B-shaped model (4 of its layers) agree between a fast backend and the torch reference in
+    bf16 (the optional FlashInfer backend only where flashinfer is installed)."""
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
     from brisk.bench.configs import LLAMA31_8B_CONFIG
 
     config = dict(LLAMA31_8B_CONFIG, num_hidden_layers=4)
@@ -132,11 +136,11 @@ def test_8b_shape_logits_close_between_backends(tmp_path):
         torch.cuda.empty_cache()
         return torch.tensor(values)
 
-    ref, fast = prompt_logprobs("torch"), prompt_logprobs("triton")
+    ref, fast = prompt_logprobs("torch"), prompt_logprobs(backend)
     spread = ref.std().item()
     err = (fast - ref).abs().max().item()
     print(
-        f"8B-shaped (4 layers) prompt logprobs, triton vs torch: max abs diff {err:.3e}, spread {spread:.3e}, "
+        f"8B-shaped (4 layers) prompt logprobs, {backend} vs torch: max abs diff {err:.3e}, spread {spread:.3e}, "
         f"max relative {((fast - ref).abs() / ref.abs()).max().item():.2e}"
     )
     assert spread > 0.05  # the weights make the logprobs informative

@@ -62,7 +62,9 @@ def make_step(seqs, dtype=torch.bfloat16, seed=0, num_heads=NUM_HEADS, num_kv_he
     return q, k, v, cache, md
 
 
-def check(name, seqs, dtype=torch.bfloat16, seed=0):
+def check(name, seqs, dtype=torch.bfloat16, seed=0, impl_cls=TritonAttentionImpl):
+    """``impl_cls`` against the torch reference on one step: the same cache contents, and an error against an fp32
+    ground truth within twice the reference's own bf16 error."""
     q, k, v, cache, md = make_step(seqs, dtype, seed)
     num_heads, num_kv_heads, head_size = q.shape[1], k.shape[1], q.shape[2]
     ref_impl = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5)
@@ -70,15 +72,16 @@ def check(name, seqs, dtype=torch.bfloat16, seed=0):
     ref32 = ref_impl.forward(q.float(), k.float(), v.float(), cache.float(), md)
     ref_cache = cache.clone()
     ref = ref_impl.forward(q, k, v, ref_cache, md)
-    out = TritonAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(q, k, v, cache, md)
+    out = impl_cls(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(q, k, v, cache, md)
     torch.cuda.synchronize()
     assert torch.equal(cache, ref_cache), "KV cache contents differ from write_kv_cache"
     assert torch.isfinite(out).all()
     err = (out.float() - ref32).abs().max().item()
     err_ref = (ref.float() - ref32).abs().max().item()
     err_vs_ref = (out.float() - ref.float()).abs().max().item()
-    print(f"\n  {name}: max|triton-fp32ref| {err:.2e}  max|torch-fp32ref| {err_ref:.2e}  "
-          f"max|triton-torch| {err_vs_ref:.2e}  ({md.num_seqs} seqs, {md.num_tokens} tokens, "
+    label = impl_cls.__name__.removesuffix("AttentionImpl").lower()
+    print(f"\n  {name}: max|{label}-fp32ref| {err:.2e}  max|torch-fp32ref| {err_ref:.2e}  "
+          f"max|{label}-torch| {err_vs_ref:.2e}  ({md.num_seqs} seqs, {md.num_tokens} tokens, "
           f"max ctx {md.max_seq_len}, decode-only {md.is_decode_only})")  # fmt: skip
     assert err <= 2 * err_ref + 1e-2, (err, err_ref)
 

@@ -79,7 +79,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     g.add_argument("--seed", type=int, default=None, help="Engine random seed (default: 0).")
     g.add_argument("--load-format", default=None, help="auto, safetensors or dummy (random weights; default: auto).")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="Never capture CUDA graphs.")
-    g.add_argument("--attention-backend", default=None, help="torch or triton (default: per device).")
+    g.add_argument(
+        "--attention-backend",
+        default=None,
+        help="torch, triton or flashinfer (optional package; default: triton on CUDA, torch on CPU).",
+    )
     g.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,

@@ -8,7 +8,7 @@ import torch
 
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
 
-ATTENTION_BACKENDS = ("torch", "triton")
+ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
 
 
 @functools.cache
@@ -35,6 +35,15 @@ def get_attn_impl_cls(name: str) -> type[AttentionImpl]:
         from brisk.layers.attention.triton_backend import TritonAttentionImpl
 
         return TritonAttentionImpl
+    if name == "flashinfer":
+        try:
+            from brisk.layers.attention.flashinfer_backend import FlashInferAttentionImpl
+        except ImportError as e:
+            raise ValueError(
+                f"attention_backend='flashinfer' needs the flashinfer package ({e}); install flashinfer-python, "
+                "or choose 'triton' (the default on GPUs)."
+            ) from e
+        return FlashInferAttentionImpl
     raise ValueError(f"Unknown attention_backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}.")
 
 
