@@ -84,10 +84,8 @@ class LLMEngine:
         num_blocks = self._plan_kv_cache()
         self.model_runner.allocate_kv_cache(num_blocks)
         self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
-        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
-        )
+        self._num_blocks = num_blocks
+        self._new_scheduler()
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (
             args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
@@ -95,6 +93,41 @@ class LLMEngine:
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
+        if self.device.type == "cuda":
+            self.warm_up()
+
+    def _new_scheduler(self) -> None:
+        """An empty KV cache manager (no cached prefixes) and a scheduler with zeroed counters."""
+        args = self.args
+        self.kv_cache_manager = KVCacheManager(self._num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
+        )
+
+    def warm_up(self) -> None:
+        """Serve a few throwaway requests, then start again from an empty scheduler and KV cache manager.
+
+        On a GPU the first request of each shape compiles Triton kernels (one sequence and a few, greedy and
+        sampled, prefill and graphed decode): about a second that would otherwise land on the first user's
+        request. Runs at startup on CUDA; it leaves no requests, cached prefixes or counters behind."""
+        if self._parents:
+            raise RuntimeError("warm_up() runs only on an idle engine.")
+        vocab = self.model_config.hf_config.vocab_size
+        # Token counts that are and are not multiples of 16, and batches of one and three: Triton specializes
+        # integer arguments on both.
+        batches = [[SamplingParams(temperature=0.0)], [SamplingParams(temperature=1.0)] * 3]
+        for i, batch in enumerate(batches):
+            for j, params in enumerate(batch):
+                prompt_len = max(1, min(32 + i + j, self.max_model_len - 5))
+                prompt = [(7 * (i + j) + k) % vocab for k in range(prompt_len)]
+                max_tokens = min(4, self.max_model_len - prompt_len)
+                params = replace(params, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+                self.add_request(f"warm-up-{i}-{j}", prompt, params, stream=False)
+            while self.has_unfinished_requests() or self._in_flight is not None:  # also the step launched ahead
+                self.step()
+        self._new_scheduler()
+        self.model_runner.sampler.reseed(self.args.seed)
+        self.step_timer = StepTimer(self.device)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:

@@ -111,9 +111,16 @@ def _fused_sampling_module(device: torch.device):
 class Sampler:
     def __init__(self, device: torch.device, seed: int):
         self.device = device
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.generator = torch.Generator(device=device)
         self.fused = _fused_sampling_module(device)
-        self._seeds = random.Random(seed)  # per-step seeds of the fused kernel's random stream
+        self._seeds = random.Random()  # per-step seeds of the fused kernel's random stream
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        """Restart the random streams of unseeded requests (after the engine's throwaway warm-up requests, so
+        that an engine seed gives the same samples with or without them)."""
+        self.generator.manual_seed(seed)
+        self._seeds.seed(seed)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
         if self.fused is not None and all(_fusable(r.sampling_params, r.generator) for r in requests):
