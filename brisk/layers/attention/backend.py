@@ -14,7 +14,6 @@ everything before them (cached prefix blocks included).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +42,9 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
-class AttentionImpl(ABC):
-    """One attention layer's computation over the paged cache."""
+class AttentionImpl:
+    """One attention layer's computation over the paged cache. Backends implement :meth:`attend`; one that fuses
+    the rotary embedding or the cache write into its kernels overrides :meth:`forward` instead."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float):
         self.num_heads = num_heads
@@ -52,7 +52,6 @@ class AttentionImpl(ABC):
         self.head_size = head_size
         self.scale = scale
 
-    @abstractmethod
     def forward(
         self,
         query: torch.Tensor,  # [num_tokens, num_heads, head_size]
@@ -65,6 +64,14 @@ class AttentionImpl(ABC):
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_size]
         """Rotate ``query``/``key`` by ``rotary_emb`` at ``positions`` (when given), write ``key``/``value``
         into ``kv_cache`` at ``metadata.slot_mapping``, then attend."""
+        if rotary_emb is not None:
+            query, key = rotary_emb(positions, query, key)
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        return self.attend(query, kv_cache, metadata)
+
+    def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Attention of the step's (rotated) queries over a cache that already holds the step's keys and values."""
+        raise NotImplementedError(f"{type(self).__name__} must implement attend() or override forward()")
 
 
 def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:

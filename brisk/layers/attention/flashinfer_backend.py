@@ -16,8 +16,7 @@ from __future__ import annotations
 import flashinfer
 import torch
 
-from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata, write_kv_cache
-from brisk.layers.rotary import RotaryEmbedding
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
 from brisk.worker.input_buffers import to_device_async
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended split-KV workspace
@@ -67,19 +66,7 @@ _planners: dict[torch.device, _StepPlanner] = {}
 
 
 class FlashInferAttentionImpl(AttentionImpl):
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        rotary_emb: RotaryEmbedding | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if rotary_emb is not None:
-            query, key = rotary_emb(positions, query, key)
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+    def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         planner = _planners.get(kv_cache.device)
         if planner is None:
             planner = _planners[kv_cache.device] = _StepPlanner(kv_cache.device)

@@ -5,24 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata, write_kv_cache
-from brisk.layers.rotary import RotaryEmbedding
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
 
 
 class TorchAttentionImpl(AttentionImpl):
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        rotary_emb: RotaryEmbedding | None = None,
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if rotary_emb is not None:
-            query, key = rotary_emb(positions, query, key)
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+    def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
         if metadata.is_decode_only and metadata.num_seqs > 1:
             return self._decode_batched(query, kv_cache, metadata)
         block_size = kv_cache.shape[2]
