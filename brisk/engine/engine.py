@@ -84,8 +84,7 @@ class LLMEngine:
         num_blocks = self._plan_kv_cache()
         self.model_runner.allocate_kv_cache(num_blocks)
         self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
-        self._num_blocks = num_blocks
-        self._new_scheduler()
+        self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (
             args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
@@ -96,10 +95,10 @@ class LLMEngine:
         if self.device.type == "cuda":
             self.warm_up()
 
-    def _new_scheduler(self) -> None:
+    def _new_scheduler(self, num_blocks: int) -> None:
         """An empty KV cache manager (no cached prefixes) and a scheduler with zeroed counters."""
         args = self.args
-        self.kv_cache_manager = KVCacheManager(self._num_blocks, args.block_size, args.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
         )
@@ -125,7 +124,7 @@ class LLMEngine:
                 self.add_request(f"warm-up-{i}-{j}", prompt, params, stream=False)
             while self.has_unfinished_requests() or self._in_flight is not None:  # also the step launched ahead
                 self.step()
-        self._new_scheduler()
+        self._new_scheduler(self.kv_cache_manager.pool.num_blocks)
         self.model_runner.sampler.reseed(self.args.seed)
         self.step_timer = StepTimer(self.device)
 

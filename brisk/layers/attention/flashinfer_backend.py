@@ -13,6 +13,8 @@ FlashInfer computes in fp16 or bf16 only.
 
 from __future__ import annotations
 
+import itertools
+
 import flashinfer
 import torch
 
@@ -34,22 +36,19 @@ class _StepPlanner:
         if self._planned_for is metadata:
             return
         block_size = kv_cache.shape[2]
-        seq_lens = torch.tensor(metadata.seq_lens_cpu, dtype=torch.int32)
-        pages = (seq_lens + block_size - 1) // block_size
-        page_indptr = torch.zeros(len(pages) + 1, dtype=torch.int32)
-        torch.cumsum(pages, 0, out=page_indptr[1:])
-        # Row i contributes the first pages[i] entries of its block-table row (gathered on the device).
-        rows = torch.repeat_interleave(torch.arange(len(pages)), pages)
-        cols = torch.arange(int(page_indptr[-1])) - torch.repeat_interleave(page_indptr[:-1], pages)
-        device = kv_cache.device
-        page_ids = metadata.block_tables[
-            to_device_async(rows.tolist(), torch.int64, device), to_device_async(cols.tolist(), torch.int64, device)
-        ]
+        pages = [-(-n // block_size) for n in metadata.seq_lens_cpu]
+        # Sequence i's pages are the first pages[i] entries of its block-table row: one gather on the device.
+        index = to_device_async(
+            [[i for i, n in enumerate(pages) for _ in range(n)], [c for n in pages for c in range(n)]],
+            torch.int64,
+            kv_cache.device,
+        )
+        page_ids = metadata.block_tables[index[0], index[1]]
         self.wrapper.plan(
             torch.tensor(metadata.query_start_loc_cpu, dtype=torch.int32),
-            page_indptr,
+            torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32),
             page_ids,
-            seq_lens - (pages - 1) * block_size,  # tokens in each sequence's last page
+            torch.tensor([n - (p - 1) * block_size for n, p in zip(metadata.seq_lens_cpu, pages)], dtype=torch.int32),
             impl.num_heads,
             impl.num_kv_heads,
             impl.head_size,
