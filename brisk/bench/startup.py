@@ -39,6 +39,7 @@ json.dump({
     "engine_init_s": t3 - t2, "first_token_s": t4 - t3, "startup_s": t4 - t2,
     "generated_tokens": len(out[0].outputs[0].token_ids), "device": device, "device_name": name,
     "attention_backend": getattr(engine, "attention_backend", None),
+    "engine_phases_s": {k: round(v, 3) for k, v in engine.startup_seconds.items()},
 }, open(out_path, "w"))
 """
 
@@ -96,5 +97,7 @@ def run(args: argparse.Namespace) -> int:
         for i, r in enumerate(runs)
     ]
     print(report.table(["run", "startup s", "engine init s", "first token s", "import s", "process s"], rows))
+    for i, r in enumerate(runs):
+        print(f"run {i + 1}, engine init: " + ", ".join(f"{k} {v:.2f} s" for k, v in r["engine_phases_s"].items()))
     report.write_json(data, args.output_json)
     return 0

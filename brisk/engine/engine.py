@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -57,6 +58,8 @@ class LLMEngine:
     def __init__(self, args: EngineArgs):
         args.validate()
         self.args = args
+        self.startup_seconds: dict[str, float] = {}  # seconds per start-up phase, logged once the engine is ready
+        started = time.perf_counter()
         self.device = resolve_device(args.device)
         from brisk.loader.resolve import resolve_model
 
@@ -78,12 +81,16 @@ class LLMEngine:
             )
         self.attention_backend = backend
         self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
-        self.model_runner = ModelRunner(
-            self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
-        )
-        num_blocks = self._plan_kv_cache()
-        self.model_runner.allocate_kv_cache(num_blocks)
-        self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
+        self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
+        with self._startup_phase("weights"):
+            self.model_runner = ModelRunner(
+                self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
+            )
+        with self._startup_phase("KV cache"):
+            num_blocks = self._plan_kv_cache()
+            self.model_runner.allocate_kv_cache(num_blocks)
+        with self._startup_phase("step buffers and CUDA graphs"):
+            self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
         self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (
@@ -93,7 +100,23 @@ class LLMEngine:
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         if self.device.type == "cuda":
-            self.warm_up()
+            with self._startup_phase("warm-up"):
+                self.warm_up()
+        logger.info(
+            "engine ready in %.1f s (%s)",
+            time.perf_counter() - started,
+            ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.startup_seconds.items()),
+        )
+
+    @contextmanager
+    def _startup_phase(self, name: str) -> Iterator[None]:
+        """Time one start-up phase into ``startup_seconds`` (the device is synchronized at its end, so that its
+        queued kernels are billed to it)."""
+        start = time.perf_counter()
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.startup_seconds[name] = time.perf_counter() - start
 
     def _new_scheduler(self, num_blocks: int) -> None:
         """An empty KV cache manager (no cached prefixes) and a scheduler with zeroed counters."""
