@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Carries FlashInfer (the optional attention backend) to the H200, whose image has none and cannot reach PyPI.
+# Its wheel (101 MB) is over one call's 64 MiB, so it travels in two parts, in two calls back to back (the machine
+# stays warm about 30 s after a call):
+#   here, once:                                    bash benchmarks/stage_flashinfer.sh download
+#   device call 1, carry .carry/flashinfer/c1:     bash benchmarks/stage_flashinfer.sh receive
+#   device call 2, carry .carry/flashinfer/c2:     bash benchmarks/stage_flashinfer.sh install && <tests, benches>
+# `install` unpacks into /tmp/fi-site, which benchmarks/h200_run.sh puts on PYTHONPATH. The image already has
+# FlashInfer's other imports (nvidia-ml-py, einops, ninja, click); apache-tvm-ffi travels with it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=${FLASHINFER_VERSION:-0.7.4}
+CARRY=.carry/flashinfer
+PARTS=/tmp/fi-parts
+case "${1:-}" in
+download)
+    rm -rf "$CARRY" && mkdir -p "$CARRY/c1" "$CARRY/c2" "$CARRY/dl"
+    grep -qxF "/.carry/" .git/info/exclude 2>/dev/null || echo "/.carry/" >>.git/info/exclude
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+        -d "$CARRY/dl" "flashinfer-python==$VERSION" "apache-tvm-ffi<0.2,>=0.1.11"
+    (cd "$CARRY/dl" && tar cf - ./*.whl | split -b 50M - ../part.)
+    mv "$CARRY"/part.aa "$CARRY/c1/" && mv "$CARRY"/part.a[b-z] "$CARRY/c2/" && rm -rf "$CARRY/dl"
+    du -sh "$CARRY"/c1 "$CARRY"/c2
+    ;;
+receive)
+    mkdir -p "$PARTS" && cp "$CARRY"/c1/part.* "$PARTS/"
+    ;;
+install)
+    cp "$CARRY"/c2/part.* "$PARTS/"
+    rm -rf /tmp/fi-wheels && mkdir -p /tmp/fi-wheels && cat "$PARTS"/part.* | tar xf - -C /tmp/fi-wheels
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fi-site \
+        /tmp/fi-wheels/*.whl
+    PYTHONPATH=/tmp/fi-site python3 -c "import flashinfer; print('FlashInfer', flashinfer.__version__, 'installed')"
+    ;;
+*)
+    echo "usage: $0 download|receive|install" >&2
+    exit 2
+    ;;
+esac
