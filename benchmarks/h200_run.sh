@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces brisk's H200 table (docs/benchmarks.md): GPU correctness tests, then W1, W2, W3 and W7 on the
+# Reproduces brisk's H200 table (docs/benchmarks.md): GPU correctness tests, then W1, W2, W3, W4 and W7 on the
 # Llama-3.1-8B shape with random weights, then W5 online through `brisk serve` (the 8B shape with the SmolLM2
 # vocabulary and tokenizer, as shared/peers/serve_anchor.sh does for vLLM). Run it on the H200 right after vLLM's anchor in the same call
 # (shared/peers/README.md), so that $OUT/vllm_anchor.json is there and every figure gets its vLLM ratio:
@@ -8,14 +8,14 @@
 # Missing Python packages travel as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder, apart
 # from vLLM's.
 # Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
-# BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
+# BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
 # C with N prompts; default the W5 points "1:16 16:160 64:384 256:768"), BRISK_SERVE_INPUT_LEN (1024),
 # BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (default: the first SmolLM2 tokenizer folder found, see below),
 # BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
 # BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
 # BRISK_SERVE_READY_TIMEOUT (600 s). A CPU dry run of the serve stage alone:
-#   BRISK_SKIP_TESTS=1 BRISK_WORKLOADS= BRISK_SKIP_LATENCY=1 BRISK_SKIP_STARTUP=1 BRISK_SERVE_SHAPE=llama-tiny-shape \
-#   BRISK_SERVE_VOCAB_SIZE=49152 BRISK_SERVE_ARGS="--device cpu --kv-cache-memory-bytes 64MiB" \
+#   BRISK_SKIP_TESTS=1 BRISK_WORKLOADS= BRISK_SKIP_LATENCY=1 BRISK_SKIP_LONG_CONTEXT=1 BRISK_SKIP_STARTUP=1 \
+#   BRISK_SERVE_SHAPE=llama-tiny-shape BRISK_SERVE_VOCAB_SIZE=49152 BRISK_SERVE_ARGS="--device cpu --kv-cache-memory-bytes 64MiB" \
 #   BRISK_SERVE_POINTS="1:2 2:4" BRISK_SERVE_INPUT_LEN=32 BRISK_SERVE_OUTPUT_LEN=8 bash benchmarks/h200_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,12 @@ for workload in ${BRISK_WORKLOADS-W1 W2}; do
     bench throughput --workload "$workload" "${MODEL[@]}" "${PEER[@]}" --output-json "$OUT/brisk_${workload,,}.json" | tail -8
 done
 [ "${BRISK_SKIP_LATENCY:-0}" = 1 ] || bench latency "${MODEL[@]}" "${PEER[@]}" --output-json "$OUT/brisk_w3.json" | tail -6
+# W4 beside vLLM's W4 when its anchor ran with VLLM_ANCHOR_ONLY=W4 VLLM_ANCHOR_MAXLEN=33000
+# ANCHOR_OUT_JSON=$OUT/vllm_anchor_w4.json.
+PEER_W4=()
+[ -f "$OUT/vllm_anchor_w4.json" ] && PEER_W4=(--peer-json "$OUT/vllm_anchor_w4.json")
+[ "${BRISK_SKIP_LONG_CONTEXT:-0}" = 1 ] ||
+    bench long-context "${MODEL[@]}" "${PEER_W4[@]}" --output-json "$OUT/brisk_w4.json" | tail -9
 [ "${BRISK_SKIP_STARTUP:-0}" = 1 ] || bench startup "${MODEL[@]}" --output-json "$OUT/brisk_w7.json" | tail -6
 
 # W5 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:

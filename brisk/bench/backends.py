@@ -21,6 +21,7 @@ class RunResult:
     generated_tokens: int  # tokens the engine actually produced (HF static batches may produce more)
     ttft_s: list[float | None] = field(default_factory=list)  # engine-side, from RequestOutput.metrics
     decode_s: list[float | None] = field(default_factory=list)  # first token -> finished, engine-side
+    cached_tokens: list[int] = field(default_factory=list)  # prompt tokens found in the prefix cache (brisk)
 
 
 class BriskBackend:
@@ -80,7 +81,7 @@ class BriskBackend:
             ttft.append(None if m.first_token_time is None else m.first_token_time - m.arrival_time)
             done = m.finished_time is not None and m.first_token_time is not None
             decode.append(m.finished_time - m.first_token_time if done else None)
-        return RunResult(wall, counts, sum(counts), ttft, decode)
+        return RunResult(wall, counts, sum(counts), ttft, decode, [o.num_cached_tokens for o in outputs])
 
     def warmup(self) -> float:
         return _warmup(self)

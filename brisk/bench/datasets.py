@@ -1,6 +1,6 @@
 """The benchmark workloads as token ids, built exactly as the peers recipe builds them (shared/peers/README.md).
 
-Ids come from ``numpy.random.default_rng``, in [0, 10000); W1 uses seed 0, W2 seed 1, W3 seed 2. The same
+Ids come from ``numpy.random.default_rng``, in [0, 10000); W1 uses seed 0, W2 seed 1, W3 seed 2, W4 seed 3. The same
 prompts give the same fingerprint as vLLM's anchor run, so brisk and vLLM figures are over identical requests.
 """
 
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 VOCAB_DRAW = 10000  # ids are drawn from [0, VOCAB_DRAW)
-W1_SEED, W2_SEED, W3_SEED, WARMUP_SEED = 0, 1, 2, 12345
+W1_SEED, W2_SEED, W3_SEED, W4_SEED, WARMUP_SEED = 0, 1, 2, 3, 12345
 NUM_REQUESTS = 256
 W1_TEMPERATURE = 0.6
 W2_INPUT_LEN, W2_OUTPUT_LEN = 512, 128
 W3_INPUT_LEN, W3_OUTPUT_LEN, W3_RUNS = 128, 256, 3
+W4_INPUT_LEN, W4_OUTPUT_LEN, W4_BATCH_SIZES = 32000, 256, (1, 8)
+W4_PREFILL_LAST_ID = 7  # the prefill request's last id, so that the timed decode misses only the last block
 WARMUP_LENS = (16, 64, 200, 700)
 WARMUP_OUTPUT_LEN = 32
 
@@ -173,3 +175,12 @@ def latency_prompts(
 
     runs = draw(num_iters)
     return runs, draw(num_iters_1tok)
+
+
+def long_context_prompts(
+    batch_sizes: Sequence[int] = W4_BATCH_SIZES, input_len: int = W4_INPUT_LEN
+) -> list[list[list[int]]]:
+    """W4: per batch size in order, ``batch_size`` prompts of ``input_len`` ids from seed 3, drawn one prompt at a
+    time (``rng.integers(0, 10000, input_len)``), one generator for all batch sizes."""
+    rng = np.random.default_rng(W4_SEED)
+    return [[rng.integers(0, VOCAB_DRAW, input_len).tolist() for _ in range(bs)] for bs in batch_sizes]

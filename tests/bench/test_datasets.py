@@ -52,6 +52,13 @@ def test_w3_prompts():
     assert [len(b) for b in batched] == [4, 4] and {len(p) for b in batched for p in b} == {32}
 
 
+def test_w4_prompts():
+    batches = datasets.long_context_prompts()
+    assert [len(b) for b in batches] == [1, 8] and {len(p) for b in batches for p in b} == {32000}
+    rng = np.random.default_rng(3)  # the recipe: one draw of 32,000 per prompt, batch 1 then batch 8
+    assert [p for b in batches for p in b] == [rng.integers(0, 10000, 32000).tolist() for _ in range(9)]
+
+
 def test_warmup_prompts():
     assert [len(p) for p in datasets.warmup_prompts()] == [16, 64, 200, 700]
 

@@ -1,4 +1,5 @@
-"""`brisk bench throughput / latency / startup` end to end on a tiny config-only llama (random weights, CPU)."""
+"""`brisk bench throughput / latency / long-context / startup` end to end on a tiny config-only llama (random
+weights, CPU)."""
 
 import json
 
@@ -68,6 +69,39 @@ def test_latency_batch(tmp_path):
     data = _run([*argv, "--num-iters", "1", "--batch-size", "3", *CPU], tmp_path)
     r = data["results"]["brisk"]
     assert r["batch_size"] == 3 and r["output_tokens"] == [12] and r["exact_lengths"]
+
+
+def test_long_context(config_only_llama, tmp_path):
+    argv = ["bench", "long-context", "--model", config_only_llama, "--load-format", "dummy"]
+    data = _run([*argv, "--input-len", "100", "--output-len", "6", "--batch-sizes", "1", "3", *CPU], tmp_path)
+    _check_common(data, "long-context")
+    w = data["workload"]
+    assert w["name"] == "W4-custom" and w["batch_sizes"] == [1, 3] and w["seed"] == 3
+    assert data["config"]["engine_args"]["max_model_len"] == 106  # input + output, when not given
+    batches = data["results"]["brisk"]["batches"]
+    assert list(batches) == ["bs1", "bs3"]
+    for bs in (1, 3):
+        r = batches[f"bs{bs}"]
+        assert r["batch_size"] == bs and r["output_tokens"] == 6 * bs and r["exact_lengths"]
+        # The prefill requests left every full block of their first 99 ids cached: 6 blocks of 16 tokens.
+        assert r["prefix_hit_tokens"] == [96] * bs
+        assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
+    assert data["ratios"] == {}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--no-enable-prefix-caching"], "leave prefix caching on"),
+        (["--max-model-len", "50"], "exceeds --max-model-len 50"),
+        (["--batch-sizes", "2", "2"], "must differ"),
+        (["--input-len", "1"], "--input-len must be >= 2"),
+    ],
+)
+def test_long_context_bad_arguments(config_only_llama, extra, message, capsys):
+    argv = ["bench", "long-context", "--model", config_only_llama, "--load-format", "dummy", "--input-len", "40"]
+    assert main([*argv, *extra, *CPU]) == 1
+    assert message in capsys.readouterr().err
 
 
 def test_startup(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""``brisk bench {throughput,latency,startup,serve,write-config}``: the benchmark workloads of BENCHMARKS.md.
+"""``brisk bench {throughput,latency,long-context,startup,serve,write-config}``: the workloads of BENCHMARKS.md.
 
 Each sub-command prints a short table and, with ``--output-json``, writes every number with the command line,
 date, device and brisk commit. See docs/benchmarks.md.
@@ -17,6 +17,12 @@ def _throughput(args: argparse.Namespace) -> int:
 
 def _latency(args: argparse.Namespace) -> int:
     from brisk.bench.latency import run
+
+    return run(args)
+
+
+def _long_context(args: argparse.Namespace) -> int:
+    from brisk.bench.long_context import run
 
     return run(args)
 
@@ -46,10 +52,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None, help="Write every number (and the setup) to this file.")
 
 
-def _add_offline(parser: argparse.ArgumentParser, batch_help: str) -> None:
+def _add_model_and_engine(parser: argparse.ArgumentParser) -> None:
+    """--model, --output-json and the engine flags: what every in-process benchmark takes."""
     from brisk.bench.common import add_engine_arguments, add_model_arguments
 
     add_model_arguments(parser)
+    _add_common(parser)
+    add_engine_arguments(parser)
+
+
+def _add_offline(parser: argparse.ArgumentParser, batch_help: str) -> None:
     parser.add_argument(
         "--backend",
         choices=["brisk", "hf", "both"],
@@ -61,8 +73,7 @@ def _add_offline(parser: argparse.ArgumentParser, batch_help: str) -> None:
         default=None,
         help="A vLLM anchor JSON (shared/peers: vllm_anchor.json): print its figure and brisk's ratio to it.",
     )
-    _add_common(parser)
-    add_engine_arguments(parser)
+    _add_model_and_engine(parser)
     if batch_help:
         parser.add_argument("--hf-batch-size", type=int, default=128, help=batch_help)
 
@@ -104,16 +115,30 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.set_defaults(func=_latency)
 
     p = sub.add_parser(
+        "long-context",
+        help="W4: a long prompt prefilled, then decoded on a prefix-cache hit; prefill and decode tok/s.",
+        description="W4: per batch size (1, then 8), 32,000-token prompts (seed 3) prefilled by a one-token request "
+        "with another last id, then 256 greedy tokens on the prompts themselves (a prefix-cache hit), as the "
+        "peers recipe. --max-model-len defaults to input + output.",
+    )
+    p.add_argument("--input-len", type=int, default=32000, help="Prompt length (default 32000).")
+    p.add_argument("--output-len", type=int, default=256, help="Tokens decoded on the cached prompt (default 256).")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="Requests per run (default 1 8).")
+    p.add_argument(
+        "--peer-json",
+        default=None,
+        help="A vLLM anchor JSON with W4 (shared/peers: VLLM_ANCHOR_ONLY=W4): its figures and brisk's ratios.",
+    )
+    _add_model_and_engine(p)
+    p.set_defaults(func=_long_context)
+
+    p = sub.add_parser(
         "startup",
         help="W7: seconds from engine construction to the first generated token (fresh process).",
     )
-    from brisk.bench.common import add_engine_arguments, add_model_arguments
-
-    add_model_arguments(p)
     p.add_argument("--repeats", type=int, default=1, help="Fresh processes to time (default 1).")
     p.add_argument("--prompt-len", type=int, default=16, help="Prompt of the first request (default 16).")
-    _add_common(p)
-    add_engine_arguments(p)
+    _add_model_and_engine(p)
     p.set_defaults(func=_startup)
 
     from brisk.bench.serve import DEFAULT_METRIC_PERCENTILES, DEFAULT_REFUSED_TIMEOUT
