@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ _DTYPES = {
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
 @dataclass
@@ -32,7 +34,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
     max_num_seqs: int = 256
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None  # None: 0.9 on a GPU; an error on the CPU (it has no meaning there)
     kv_cache_memory_bytes: int | None = None
     seed: int = 0
     load_format: str = "auto"
@@ -45,6 +47,7 @@ class EngineArgs:
             if not ok:
                 raise ValueError(message)
 
+        self._validate_types()
         require(isinstance(self.model, (str, Path)) and str(self.model) != "", "model must be a non-empty string.")
         require(
             self.dtype in ("auto", *_DTYPES),
@@ -64,9 +67,14 @@ class EngineArgs:
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}.",
         )
         require(
-            0 < self.gpu_memory_utilization <= 1,
+            self.gpu_memory_utilization is None or 0 < self.gpu_memory_utilization <= 1,
             f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.",
         )
+        require(
+            self.gpu_memory_utilization is None or self.kv_cache_memory_bytes is None,
+            "gpu_memory_utilization and kv_cache_memory_bytes both size the KV cache: give one of them.",
+        )
+        require(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), got {self.seed}.")
         require(
             self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
             f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.",
@@ -76,11 +84,41 @@ class EngineArgs:
             f"max_model_len must be >= 1, got {self.max_model_len}.",
         )
 
+    def _validate_types(self) -> None:
+        """Each field's type, so that a wrong one fails here, by name, rather than deep in engine start-up. A field
+        whose default is None also takes None; bool is refused where a number is meant (Python counts it an int)."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "model" or (value is None and f.default is None):
+                continue
+            kinds, what = _FIELD_TYPES[f.name]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise ValueError(f"{f.name} must be {what}, got {value!r} ({type(value).__name__}).")
+
+
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "tokenizer": ((str, Path), "a path or a name"),
+    **{name: ((str,), "a string") for name in ("dtype", "device", "load_format", "attention_backend")},
+    **{
+        name: ((int,), "an integer")
+        for name in ("max_model_len", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed")
+    },
+    "kv_cache_memory_bytes": ((int,), "an integer"),
+    **{name: ((bool,), "True or False") for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling")},
+    "gpu_memory_utilization": ((int, float), "a number"),
+}
+
 
 def resolve_device(device: str) -> torch.device:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``: the devices brisk runs on."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}.")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was requested but no CUDA GPU is visible; use device='cpu' or 'auto'.")
     return dev

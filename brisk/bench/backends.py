@@ -13,6 +13,8 @@ from pathlib import Path
 
 from brisk.bench.datasets import WARMUP_OUTPUT_LEN, warmup_prompts
 
+DEFAULT_HF_BATCH_SIZE = 128  # requests per static batch of HF transformers' generate
+
 
 @dataclass
 class RunResult:
@@ -103,7 +105,9 @@ class HFBackend:
         device: str = "auto",
         load_format: str = "auto",
         seed: int = 0,
-        batch_size: int = 128,
+        max_model_len: int | None = None,
+        batch_size: int = DEFAULT_HF_BATCH_SIZE,
+        brisk_only_flags: tuple[str, ...] = (),
     ):
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -130,9 +134,12 @@ class HFBackend:
         # (min_new_tokens would do it too, but adds a logits processor to every step.)
         self.model.generation_config.eos_token_id = None
         self.vocab_size = int(config.vocab_size)
-        self.max_model_len = int(getattr(config, "max_position_embeddings", 2048))
+        max_positions = int(getattr(config, "max_position_embeddings", 2048))
+        if max_model_len is not None and max_model_len > max_positions:
+            raise ValueError(f"--max-model-len {max_model_len} exceeds the model's {max_positions} positions.")
+        self.max_model_len = max_positions if max_model_len is None else max_model_len
         self.batch_size = batch_size
-        self.seed = seed
+        self.brisk_only_flags = list(brisk_only_flags)  # given for brisk's engine (--backend both); HF has none
         self._sync()
         self.init_s = time.perf_counter() - start
 
@@ -147,6 +154,7 @@ class HFBackend:
             "hf_batch_size": self.batch_size,
             "random_weights": self.random_weights,
             "attn_implementation": getattr(self.model.config, "_attn_implementation", None),
+            "brisk_only_flags_not_applied": self.brisk_only_flags,
         }
 
     def _sync(self) -> None:
@@ -155,8 +163,8 @@ class HFBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _generate_batch(self, prompts: list[list[int]], max_new: int, temperature: float) -> int:
-        """One left-padded batch; returns the number of new tokens per row."""
+    def _generate_batch(self, prompts: list[list[int]], max_new: int, temperature: float):
+        """One left-padded batch; returns its new tokens (a rows x new tensor)."""
         import torch
 
         width = max(len(p) for p in prompts)
@@ -172,7 +180,7 @@ class HFBackend:
             kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), **kwargs)
-        return out.shape[1] - width
+        return out[:, width:]
 
     def run(self, prompts: list[list[int]], output_lens: list[int], temperature: float) -> RunResult:
         """Static batches in request order; a batch decodes ``max(output_lens)`` of its requests (every row the
@@ -183,7 +191,7 @@ class HFBackend:
         for first in range(0, len(prompts), self.batch_size):
             batch = prompts[first : first + self.batch_size]
             lens = output_lens[first : first + self.batch_size]
-            new = self._generate_batch(batch, max(lens), temperature)
+            new = self._generate_batch(batch, max(lens), temperature).shape[1]
             if new != max(lens):
                 raise RuntimeError(f"HF generate made {new} tokens per row, expected {max(lens)}.")
             generated += new * len(batch)
@@ -199,20 +207,26 @@ class HFBackend:
 
 
 def _warmup(backend) -> float:
-    """The recipe's warm-up: 4 prompts of 16, 64, 200 and 700 ids, 32 tokens, sampled then greedy."""
-    limit = backend.max_model_len - WARMUP_OUTPUT_LEN - 1  # a short max_model_len: clip the 700-id prompt
+    """The recipe's warm-up: 4 prompts of 16, 64, 200 and 700 ids, 32 tokens, sampled then greedy (under a short
+    max_model_len, prompts and outputs are cut to fit in it)."""
+    output_len = max(1, min(WARMUP_OUTPUT_LEN, backend.max_model_len // 2))
+    limit = max(1, backend.max_model_len - output_len)
     prompts = [p[:limit] for p in warmup_prompts()]
-    lens = [WARMUP_OUTPUT_LEN] * len(prompts)
+    lens = [output_len] * len(prompts)
     start = time.perf_counter()
     backend.run(prompts, lens, 0.6)
     backend.run(prompts, lens, 0.0)
     return time.perf_counter() - start
 
 
-def make_backend(name: str, model: str, engine_kwargs: dict, hf_batch_size: int):
+# The engine flags HF transformers' backend applies; the others configure brisk's engine alone.
+HF_ENGINE_FLAGS = ("dtype", "device", "load_format", "seed", "max_model_len")
+
+
+def make_backend(name: str, model: str, engine_kwargs: dict, hf_batch_size: int, brisk_only_flags=()):
     if name == "brisk":
         return BriskBackend(model, engine_kwargs)
     if name == "hf":
-        keys = ("dtype", "device", "load_format", "seed")
-        return HFBackend(model, **{k: engine_kwargs[k] for k in keys if k in engine_kwargs}, batch_size=hf_batch_size)
+        kwargs = {k: engine_kwargs[k] for k in HF_ENGINE_FLAGS if k in engine_kwargs}
+        return HFBackend(model, **kwargs, batch_size=hf_batch_size, brisk_only_flags=tuple(brisk_only_flags))
     raise ValueError(f"Unknown backend {name!r}; choose brisk or hf.")

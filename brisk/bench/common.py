@@ -41,6 +41,28 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
+def brisk_only_flags(args: argparse.Namespace) -> list[str]:
+    """The engine flags given on the command line that HF transformers' backend has no counterpart for."""
+    from brisk.bench.backends import HF_ENGINE_FLAGS
+
+    given = shared_engine_args.engine_kwargs(args)
+    return [f"--{name.replace('_', '-')}" for name in given if name not in HF_ENGINE_FLAGS]
+
+
+def check_engine_flags(args: argparse.Namespace) -> None:
+    """Before anything runs: the engine flags make valid ``EngineArgs``, and ``--backend hf`` alone is given none
+    that only brisk's engine takes (with ``--backend both`` they go to brisk, and HF's result lists them)."""
+    from brisk.config import EngineArgs
+
+    EngineArgs(model=args.model, **engine_kwargs(args)).validate()
+    flags = brisk_only_flags(args)
+    if getattr(args, "backend", "brisk") == "hf" and flags:
+        raise ValueError(
+            f"--backend hf does not take {', '.join(flags)}: they set brisk's engine. Drop them, or use "
+            "--backend both to give them to brisk."
+        )
+
+
 @contextlib.contextmanager
 def open_backend(args: argparse.Namespace, backend_name: str, hf_batch_size: int) -> Iterator:
     """The backend on ``args.model`` with the command line's engine flags; closed when the block ends normally
@@ -48,7 +70,7 @@ def open_backend(args: argparse.Namespace, backend_name: str, hf_batch_size: int
     from brisk.bench.backends import make_backend
 
     with configs.materialize(args.model) as model:
-        backend = make_backend(backend_name, model, engine_kwargs(args), hf_batch_size)
+        backend = make_backend(backend_name, model, engine_kwargs(args), hf_batch_size, brisk_only_flags(args))
         yield backend
         backend.close()
 
@@ -62,8 +84,8 @@ def backend_fields(backend, warmup_s: float) -> dict:
 def finish(bench: str, args: argparse.Namespace, config: dict, results: dict, print_table: Callable, **extra) -> int:
     """The report (device: the first backend's), printed with ``print_table`` and written to --output-json; the exit
     status, 1 when a backend failed."""
-    env = report.environment(probe_device=False)
-    env["device_name"] = next(iter(results.values())).get("device_name")
+    env = report.environment()
+    env["device_name"] = next((r["device_name"] for r in results.values() if "error" not in r), None)
     data = report.make_report(bench, args, config, results, env, **extra)
     print_table(data)
     report.write_json(data, args.output_json)
@@ -74,17 +96,22 @@ def backends_of(args: argparse.Namespace) -> list[str]:
     return ["brisk", "hf"] if args.backend == "both" else [args.backend]
 
 
-_CHILD = (
-    "import importlib, json, sys, argparse\n"
-    "module, fn, args_path, out_path, backend = sys.argv[1:6]\n"
-    "args = argparse.Namespace(**json.load(open(args_path)))\n"
-    "result = getattr(importlib.import_module(module), fn)(args, backend)\n"
-    "json.dump(result, open(out_path, 'w'))\n"
-)
+# A backend's run in a child process; an error that says what to change becomes the backend's result.
+_CHILD = """
+import argparse, importlib, json, sys
+module, fn, args_path, out_path, backend = sys.argv[1:6]
+args = argparse.Namespace(**json.load(open(args_path)))
+try:
+    result = getattr(importlib.import_module(module), fn)(args, backend)
+except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    result = {"backend": backend, "error": str(exc)}
+json.dump(result, open(out_path, "w"))
+"""
 
 
 def run_backends(args: argparse.Namespace, module: str, fn: str) -> dict[str, dict]:
     """``{backend: fn(args, backend)}``: in this process for one backend, else one child process per backend."""
+    check_engine_flags(args)
     backends = backends_of(args)
     func: Callable = getattr(sys.modules[module], fn)
     if len(backends) == 1:

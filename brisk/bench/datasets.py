@@ -160,7 +160,7 @@ def warmup_prompts() -> list[list[int]]:
 
 
 def latency_prompts(
-    num_iters: int = W3_RUNS, batch_size: int = 1, input_len: int = W3_INPUT_LEN, num_iters_1tok: int | None = None
+    num_iters: int = W3_RUNS, batch_size: int = 1, input_len: int = W3_INPUT_LEN
 ) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
     """W3: fresh prompts per run from seed 2, first the full-length runs, then the one-token (TTFT) runs.
 
@@ -168,13 +168,12 @@ def latency_prompts(
     prompt at a time (``rng.integers(0, 10000, input_len)``), so batch 1 is exactly the recipe.
     """
     rng = np.random.default_rng(W3_SEED)
-    num_iters_1tok = num_iters if num_iters_1tok is None else num_iters_1tok
 
     def draw(count: int) -> list[list[list[int]]]:
         return [[rng.integers(0, VOCAB_DRAW, input_len).tolist() for _ in range(batch_size)] for _ in range(count)]
 
     runs = draw(num_iters)
-    return runs, draw(num_iters_1tok)
+    return runs, draw(num_iters)
 
 
 def long_context_prompts(

@@ -69,9 +69,10 @@ def run_one(args: argparse.Namespace, backend_name: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     if args.num_iters < 1 or args.batch_size < 1 or args.input_len < 1 or args.output_len < 1:
         raise ValueError("--num-iters, --batch-size, --input-len and --output-len must be >= 1.")
-    results = run_backends(args, __name__, "run_one")
-    is_w3 = (args.batch_size, args.input_len, args.output_len) == (1, datasets.W3_INPUT_LEN, datasets.W3_OUTPUT_LEN)
     peer = report.load_peer(args.peer_json)
+    results = run_backends(args, __name__, "run_one")
+    recipe = (1, datasets.W3_INPUT_LEN, datasets.W3_OUTPUT_LEN, datasets.W3_RUNS)
+    is_w3 = (args.batch_size, args.input_len, args.output_len, args.num_iters) == recipe
     peer_w3 = ((peer or {}).get("W3") or {}) if is_w3 else {}
     brisk_tok_s = results.get("brisk", {}).get("decode_tok_s_median")
     ratios = {}

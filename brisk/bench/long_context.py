@@ -13,7 +13,7 @@ import argparse
 import gc
 
 from brisk.bench import datasets, report
-from brisk.bench.common import backend_fields, engine_kwargs, finish, open_backend
+from brisk.bench.common import backend_fields, check_engine_flags, engine_kwargs, finish, open_backend
 
 
 def _is_recipe(args: argparse.Namespace) -> bool:
@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
             f"--input-len + --output-len = {args.input_len + args.output_len} exceeds --max-model-len "
             f"{args.max_model_len}; raise it or leave it out."
         )
-    results = {"brisk": run_one(args)}
+    check_engine_flags(args)
     peer = report.load_peer(args.peer_json)
+    results = {"brisk": run_one(args)}
     peer_w4 = ((peer or {}).get("W4") or {}) if _is_recipe(args) else {}
     ratios = {}
     for key, ours in results["brisk"]["batches"].items():

@@ -49,14 +49,15 @@ def device_name(device: str | None = None) -> str:
     return torch.cuda.get_device_name(index or 0)
 
 
-def environment(device: str | None = None, probe_device: bool = True) -> dict:
+def environment() -> dict:
+    """Where and with what a result was measured (the device's name is the caller's: it knows the device)."""
     import numpy
     import torch
     import transformers
 
     import brisk
 
-    env = {
+    return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
@@ -68,9 +69,6 @@ def environment(device: str | None = None, probe_device: bool = True) -> dict:
         **{f"brisk_{k}": v for k, v in brisk_commit().items()},
         "cpu_count": os.cpu_count(),
     }
-    if probe_device:
-        env["device_name"] = device_name(device)
-    return env
 
 
 def command_line() -> str:
@@ -84,13 +82,13 @@ def args_dict(args) -> dict:
     return {k: v for k, v in sorted(vars(args).items()) if k != "func" and not k.startswith("_")}
 
 
-def make_report(bench: str, args, config: dict, results: dict, env: dict | None = None, **extra) -> dict:
+def make_report(bench: str, args, config: dict, results: dict, env: dict, **extra) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "bench": bench,
         "command": command_line(),
         "args": args_dict(args),
-        **(env if env is not None else environment(config.get("device"))),
+        **env,
         "config": config,
         "results": results,
         **extra,

@@ -250,16 +250,33 @@ def load_tokenizer(path: str | None):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tokenizer {path!r}: no tokenizer could be loaded from it ({exc}).") from exc
+
+
+def parse_percentiles(text: str) -> list[float]:
+    """``--metric-percentiles`` ("50,90,99"): numbers in [0, 100]."""
+    try:
+        percentiles = [float(p) for p in str(text).split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--metric-percentiles must be numbers separated by commas, got {text!r}.") from None
+    if not percentiles or not all(0 <= p <= 100 for p in percentiles):
+        raise ValueError(f"--metric-percentiles must be numbers in [0, 100], got {text!r}.")
+    return percentiles
 
 
 def run(args: argparse.Namespace) -> int:
-    percentiles = [float(p) for p in str(args.metric_percentiles).split(",") if p.strip()]
+    percentiles = parse_percentiles(args.metric_percentiles)
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1.")
     if args.request_rate <= 0 or args.burstiness <= 0:
         raise ValueError("--request-rate and --burstiness must be positive.")
-    if args.ready_timeout < 0 or args.refused_timeout < 0:
+    if not args.ready_timeout and (args.server_pid is not None or args.refused_timeout is not None):
+        raise ValueError("--server-pid and --refused-timeout apply while waiting for readiness: add --ready-timeout.")
+    refused_timeout = DEFAULT_REFUSED_TIMEOUT if args.refused_timeout is None else args.refused_timeout
+    if args.ready_timeout < 0 or refused_timeout < 0:
         raise ValueError("--ready-timeout and --refused-timeout must be >= 0.")
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -282,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=args.random_vocab_size,
     )
     if args.ready_timeout:
-        asyncio.run(wait_ready(base_url, args.ready_timeout, headers, args.refused_timeout, args.server_pid))
+        asyncio.run(wait_ready(base_url, args.ready_timeout, headers, refused_timeout, args.server_pid))
     model = args.model or asyncio.run(served_model(base_url, headers))
     print(
         f"brisk bench serve: {len(requests)} requests to {base_url}{args.endpoint} ({model}), "
@@ -342,7 +359,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "percentiles": percentiles,
     }
-    env = report.environment(probe_device=False)
+    env = report.environment()
     env["client_device_name"] = "n/a (the server's device is not visible to the client)"
     data = report.make_report("serve", args, config, {"server": metrics}, env, workload={"name": args.label})
     print_table(data)

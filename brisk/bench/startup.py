@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from brisk.bench import configs, report
-from brisk.bench.common import engine_kwargs
+from brisk.bench.common import check_engine_flags, engine_kwargs
 
 # Runs in the child. Times `import torch`, then `from brisk import LLM`, then LLM(...), then a 1-token generate.
 _CHILD = """
@@ -26,11 +26,15 @@ t1 = time.perf_counter()
 from brisk import LLM, SamplingParams
 t2 = time.perf_counter()
 model, kwargs, prompt_len, out_path = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-llm = LLM(model=model, **kwargs)
-t3 = time.perf_counter()
-params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
-out = llm.generate([[(7 * i + 11) % 10000 for i in range(prompt_len)]], params, use_tqdm=False)
-t4 = time.perf_counter()
+try:
+    llm = LLM(model=model, **kwargs)
+    t3 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    out = llm.generate([[(7 * i + 11) % 10000 for i in range(prompt_len)]], params, use_tqdm=False)
+    t4 = time.perf_counter()
+except (ValueError, FileNotFoundError, RuntimeError) as exc:  # an error that says what to change: to the parent
+    json.dump({"error": str(exc)}, open(out_path, "w"))
+    sys.exit(0)
 engine = llm.engine
 device = str(engine.device)
 name = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else "cpu"
@@ -56,13 +60,16 @@ def run_child(model: str, kwargs: dict, prompt_len: int) -> dict:
         if proc.returncode != 0 or not out_path.is_file():
             raise RuntimeError(f"the startup child process exited with {proc.returncode}")
         result = json.loads(out_path.read_text())
+    if "error" in result:
+        raise ValueError(result["error"])
     result["process_wall_s"] = wall
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise ValueError("--repeats must be >= 1.")
+    if args.repeats < 1 or args.prompt_len < 1:
+        raise ValueError("--repeats and --prompt-len must be >= 1.")
+    check_engine_flags(args)
     kwargs = engine_kwargs(args)
     with configs.materialize(args.model) as model:
         runs = []
@@ -80,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = {f"{k}_median": round(statistics.median(r[k] for r in runs), 3) for k in keys}
     results = {"brisk": {"backend": "brisk", "runs": runs, **summary, "device_name": runs[0]["device_name"]}}
-    env = report.environment(probe_device=False)
+    env = report.environment()
     env["device_name"] = runs[0]["device_name"]
     config = {"model": args.model, "engine_args": kwargs, "prompt_len": args.prompt_len, "repeats": args.repeats}
     data = report.make_report(

@@ -7,6 +7,7 @@ import argparse
 import gc
 
 from brisk.bench import datasets, report
+from brisk.bench.backends import DEFAULT_HF_BATCH_SIZE
 from brisk.bench.common import backend_fields, backends_of, engine_kwargs, finish, open_backend, run_backends
 
 
@@ -29,7 +30,7 @@ def check_fits(workload: datasets.Workload, vocab_size: int, max_model_len: int)
 def run_one(args: argparse.Namespace, backend_name: str) -> dict:
     """Build the engine, warm up, time the workload; the per-backend result dict."""
     workload = build(args)
-    with open_backend(args, backend_name, args.hf_batch_size) as backend:
+    with open_backend(args, backend_name, args.hf_batch_size or DEFAULT_HF_BATCH_SIZE) as backend:
         check_fits(workload, backend.vocab_size, backend.max_model_len)
         warmup_s = backend.warmup()
         gc.collect()
@@ -57,11 +58,14 @@ def run_one(args: argparse.Namespace, backend_name: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.hf_batch_size < 1:
-        raise ValueError("--hf-batch-size must be >= 1.")
+    if args.hf_batch_size is not None:
+        if "hf" not in backends_of(args):
+            raise ValueError("--hf-batch-size sizes HF transformers' static batches: use it with --backend hf or both.")
+        if args.hf_batch_size < 1:
+            raise ValueError("--hf-batch-size must be >= 1.")
     workload = build(args)
-    results = run_backends(args, __name__, "run_one")
     peer = report.load_peer(args.peer_json)
+    results = run_backends(args, __name__, "run_one")
     base = workload.name.split("-")[0]
     peer_tok_s = ((peer or {}).get(base) or {}).get("output_tok_s") if workload.fingerprint_expected else None
     brisk_tok_s = results.get("brisk", {}).get("output_tok_s")
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "model": args.model,
         "backends": backends_of(args),
         "engine_args": engine_kwargs(args),
-        "hf_batch_size": args.hf_batch_size if "hf" in results else None,
+        "hf_batch_size": (args.hf_batch_size or DEFAULT_HF_BATCH_SIZE) if "hf" in results else None,
     }
     peer_info = report.peer_info(args, peer, output_tok_s=peer_tok_s)
     return finish("throughput", args, config, results, print_table, workload=summary, ratios=ratios, peer=peer_info)

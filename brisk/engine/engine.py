@@ -13,6 +13,7 @@ import torch
 
 from brisk.config import (
     DEFAULT_CPU_KV_CACHE_BYTES,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
     EngineArgs,
     ModelConfig,
     preferred_dtype,
@@ -61,6 +62,11 @@ class LLMEngine:
         self.startup_seconds: dict[str, float] = {}  # seconds per start-up phase, logged once the engine is ready
         started = time.perf_counter()
         self.device = resolve_device(args.device)
+        if self.device.type != "cuda" and args.gpu_memory_utilization is not None:
+            raise ValueError(
+                "gpu_memory_utilization sizes the KV cache on a GPU; on the CPU set kv_cache_memory_bytes "
+                "(default 2 GiB) instead."
+            )
         from brisk.loader.resolve import resolve_model
 
         path = resolve_model(str(args.model), preferred_dtype(args.dtype, self.device))
@@ -68,7 +74,10 @@ class LLMEngine:
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.max_model_len = self.model_config.max_model_len
-        self.tokenizer = self._load_tokenizer(args.tokenizer or path, args.load_format)
+        # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
+        self.tokenizer = self._load_tokenizer(
+            args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
+        )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
 
         backend = args.attention_backend or default_backend(self.device)
@@ -157,13 +166,13 @@ class LLMEngine:
 
     # ---- startup ------------------------------------------------------------------------------------------
     @staticmethod
-    def _load_tokenizer(path, load_format: str):
+    def _load_tokenizer(path, optional: bool):
         from transformers import AutoTokenizer
 
         try:
             return AutoTokenizer.from_pretrained(path)
         except (OSError, ValueError, TypeError) as exc:
-            if load_format == "dummy":
+            if optional:
                 logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
                 return None
             raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
@@ -191,8 +200,9 @@ class LLMEngine:
         if args.kv_cache_memory_bytes is not None:
             budget, knob = args.kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif self.device.type == "cuda":
+            fraction = args.gpu_memory_utilization
             budget = self.model_runner.profile_available_kv_bytes(
-                args.gpu_memory_utilization, self.max_num_batched_tokens
+                DEFAULT_GPU_MEMORY_UTILIZATION if fraction is None else fraction, self.max_num_batched_tokens
             )
             knob = "gpu_memory_utilization"
         else:

@@ -64,6 +64,15 @@ def test_latency(tmp_path):
     assert data["workload"]["name"] == "latency-custom"
 
 
+def test_latency_w3_shape_with_other_runs_is_not_w3(tmp_path):
+    """W3's lengths with 2 runs draw other 1-token prompts than the recipe's 3: not W3, so no peer ratio."""
+    peer = tmp_path / "peer.json"
+    peer.write_text(json.dumps({"W3": {"decode_tok_s_median": 100.0}}))
+    data = _run(["bench", "latency", "--model", "llama-tiny-shape", "--num-iters", "2", "--peer-json", str(peer), *CPU],
+                tmp_path)  # fmt: skip
+    assert data["workload"]["name"] == "latency-custom" and data["ratios"] == {}
+
+
 def test_latency_batch(tmp_path):
     argv = ["bench", "latency", "--model", "llama-tiny-shape", "--input-len", "8", "--output-len", "4"]
     data = _run([*argv, "--num-iters", "1", "--batch-size", "3", *CPU], tmp_path)
@@ -104,6 +113,13 @@ def test_long_context_bad_arguments(config_only_llama, extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_startup_errors_say_what_to_change(capfd):
+    assert main(["bench", "startup", "--model", "llama-tiny-shape", "--prompt-len", "5000", *CPU]) == 1
+    err = capfd.readouterr().err
+    assert "brisk bench: error: The prompt has 5000 tokens but max_model_len is 4096" in err
+    assert "Traceback" not in err
+
+
 def test_startup(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     data = _run(["bench", "startup", "--model", "llama-tiny-shape", *CPU], tmp_path)
@@ -122,15 +138,57 @@ def test_bad_arguments_fail_cleanly(capsys):
     assert "W1 has its own input lengths" in capsys.readouterr().err
 
 
-def test_hf_backend_never_stops_at_eos(config_only_llama):
+def test_hf_backend_never_stops_at_eos(config_only_llama, tmp_path):
+    """A model whose EOS is the first token it generates for a prompt still gives that row every requested token
+    (a shape check alone would miss one row padded after an early EOS while another row runs on)."""
+    import shutil
+
     from brisk.bench.backends import HFBackend
 
-    backend = HFBackend(config_only_llama, device="cpu", load_format="dummy", batch_size=2)
-    # No EOS in the generation config: no row can finish early, so every request gets its exact length
-    # (a shape check alone would miss one row padded after an early EOS while another row runs on).
-    assert backend.model.generation_config.eos_token_id is None
-    result = backend.run([[5, 6, 7], [8, 9]], [4, 4], 0.0)
-    assert result.output_counts == [4, 4] and result.generated_tokens == 8
+    alone = HFBackend(config_only_llama, device="cpu", load_format="dummy")._generate_batch([[5, 6, 7]], 4, 0.0)[0]
+    folder = tmp_path / "eos"
+    shutil.copytree(config_only_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": int(alone[0])}))
+    backend = HFBackend(str(folder), device="cpu", load_format="dummy", batch_size=2)  # same seed: same weights
+    batch = backend._generate_batch([[5, 6, 7], [8, 9]], 4, 0.0)
+    assert batch[0].tolist() == alone.tolist()  # ran on past its EOS, as alone
+    result = backend.run([[5, 6, 7]], [4], 0.0)  # stopping at EOS would leave 1 token: an error
+    assert result.output_counts == [4] and result.generated_tokens == 4
+
+
+def test_hf_backend_flags(config_only_llama, tmp_path, capsys):
+    argv = ["bench", "throughput", "--model", config_only_llama, "--load-format", "dummy", "--workload", "W2"]
+    small = ["--num-prompts", "2", "--input-len", "8", "--output-len", "2", "--device", "cpu"]
+    # Flags of brisk's engine alone are an error for HF alone (it would ignore them) ...
+    assert main([*argv, *small, "--backend", "hf", "--block-size", "32", "--max-num-seqs", "4"]) == 1
+    assert "--backend hf does not take --block-size, --max-num-seqs" in capsys.readouterr().err
+    # ... and --hf-batch-size for brisk alone.
+    assert main([*argv, *small, "--hf-batch-size", "2"]) == 1
+    assert "use it with --backend hf or both" in capsys.readouterr().err
+    # --max-model-len applies to HF too.
+    assert main([*argv, *small, "--backend", "hf", "--max-model-len", "9"]) == 1
+    assert "max_model_len is 9" in capsys.readouterr().err
+    # With both, brisk takes them and HF's result says it did not.
+    data = _run([*argv, *small, "--backend", "both", "--block-size", "32", "--hf-batch-size", "2"], tmp_path)
+    assert data["results"]["hf"]["engine"]["brisk_only_flags_not_applied"] == ["--block-size"]
+    assert data["results"]["brisk"]["engine"]["block_size"] == 32 and data["config"]["hf_batch_size"] == 2
+
+
+def test_backend_errors_in_child_processes_are_reported(config_only_llama, tmp_path, capfd):
+    argv = ["bench", "latency", "--model", config_only_llama, "--load-format", "dummy", "--device", "cpu"]
+    out = tmp_path / "r.json"
+    assert main([*argv, "--backend", "both", "--max-model-len", "8", "--output-json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    for name in ("brisk", "hf"):
+        assert "exceeds max_model_len 8" in data["results"][name]["error"]
+    assert "Traceback" not in capfd.readouterr().err  # the children's output too
+
+
+def test_bad_peer_json_fails_before_running(config_only_llama, tmp_path, capsys):
+    argv = ["bench", "latency", "--model", config_only_llama, "--load-format", "dummy", "--device", "cpu"]
+    assert main([*argv, "--peer-json", str(tmp_path / "missing.json")]) == 1
+    assert "missing.json" in capsys.readouterr().err
 
 
 def test_write_config(tmp_path, tiny_llama):

@@ -111,3 +111,24 @@ def test_exited_server_process_fails_at_once():
         sock.close()
         proc.wait()
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--metric-percentiles", "50,150"], "numbers in [0, 100]"),
+        (["--metric-percentiles", "50,p99"], "separated by commas"),
+        (["--server-pid", "999999"], "add --ready-timeout"),
+        (["--refused-timeout", "5"], "add --ready-timeout"),
+        (["--tokenizer", "/does/not/exist"], "--tokenizer '/does/not/exist': no tokenizer could be loaded"),
+    ],
+)
+def test_bad_client_flags_fail_before_any_request(flags, message, capsys):
+    sock = _bound_socket()  # nothing listens: a request sent would fail differently
+    argv = ["bench", "serve", "--base-url", f"http://127.0.0.1:{sock.getsockname()[1]}", "--num-prompts", "2"]
+    try:
+        assert main([*argv, *flags]) == 1
+    finally:
+        sock.close()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("brisk bench: error: ") and message in err and err.count("\n") == 0

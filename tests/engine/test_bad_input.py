@@ -116,3 +116,31 @@ def test_flashinfer_backend_needs_a_gpu_and_half_precision(tiny_llama):
     """Checked before anything is loaded, whether or not flashinfer is installed."""
     with pytest.raises(ValueError, match="'flashinfer' runs on CUDA GPUs in float16 or bfloat16 .got cpu, float32"):
         LLM(tiny_llama, device="cpu", attention_backend="flashinfer")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_num_seqs": "4"}, "max_num_seqs must be an integer, got '4'"),
+        ({"seed": None}, "seed must be an integer"),
+        ({"seed": 2**70}, "seed must be in"),
+        ({"max_model_len": 64.5}, "max_model_len must be an integer"),
+        ({"block_size": True}, "block_size must be an integer, got True"),
+        ({"enable_prefix_caching": "false"}, "enable_prefix_caching must be True or False"),
+        ({"gpu_memory_utilization": "0.5"}, "gpu_memory_utilization must be a number"),
+        ({"device": "mps"}, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'mps'"),
+        ({"device": "tpu"}, "device must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+        ({"gpu_memory_utilization": 0.5}, "on the CPU set kv_cache_memory_bytes"),
+    ],
+)
+def test_bad_engine_arguments_name_the_field(tiny_llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_llama, **{"device": "cpu", **kwargs})
+
+
+def test_tokenizer_that_was_asked_for_must_load(tiny_llama, tmp_path):
+    """With random weights a model folder may lack a tokenizer (prompts are token ids), but a tokenizer that was
+    named must load."""
+    with pytest.raises(ValueError, match="Cannot load a tokenizer from"):
+        LLM(tiny_llama, device="cpu", load_format="dummy", tokenizer=str(tmp_path / "missing"))
+    assert LLM(tiny_llama, device="cpu", load_format="dummy").engine.tokenizer is not None

@@ -39,8 +39,7 @@ def test_vllm_engine_flags(monkeypatch):
         "--served-model-name", "a", "b",
         "--chat-template", "{{ messages }}",
         "--load-format", "dummy",
-        "--device", "cpu",
-        "--kv-cache-memory-bytes", "64MiB",
+        "--device", "cuda",
         "--enforce-eager",
         "--attention-backend", "torch",
         "--api-key", "k",
@@ -55,13 +54,20 @@ def test_vllm_engine_flags(monkeypatch):
     assert engine.gpu_memory_utilization == 0.5 and engine.max_num_seqs == 8
     assert engine.max_num_batched_tokens == 512 and engine.block_size == 32
     assert engine.enable_prefix_caching is False and engine.dtype == "float32" and engine.seed == 7
-    assert engine.load_format == "dummy" and engine.device == "cpu"
-    assert engine.kv_cache_memory_bytes == 64 << 20
+    assert engine.load_format == "dummy" and engine.device == "cuda"
     assert engine.enforce_eager is True and engine.attention_backend == "torch"
     assert server.served_model_names == ["a", "b"] and server.model_name == "a"
     assert server.chat_template == "{{ messages }}" and server.api_key == "k"
     assert server.max_n == 4 and server.max_tokens_limit == 100 and server.max_waiting_requests is None
     assert server.max_request_body_bytes == 1 << 20 and server.shutdown_timeout == 5 and server.port == 0
+
+
+def test_kv_cache_size_flags():
+    engine, _ = _configs("--device", "cpu", "--kv-cache-memory-bytes", "64MiB")
+    assert engine.kv_cache_memory_bytes == 64 << 20 and engine.gpu_memory_utilization is None
+    # Both size the KV cache: one would be ignored, so giving both is an error.
+    with pytest.raises(ValueError, match="give one of them"):
+        _configs("--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", "64MiB")
 
 
 def test_api_key_from_env(monkeypatch):
@@ -102,3 +108,10 @@ def test_security_warning():
     assert security_warning("127.0.0.1", None) is None
     assert security_warning("0.0.0.0", "key") is None
     assert "WITHOUT AN API KEY" in security_warning("0.0.0.0", None)
+
+
+def test_engine_flags_are_engine_arguments():
+    from brisk.config import EngineArgs
+    from brisk.entrypoints.cli.engine_args import ENGINE_FLAGS
+
+    assert set(ENGINE_FLAGS) <= set(EngineArgs.__dataclass_fields__)

@@ -75,7 +75,7 @@ def _add_offline(parser: argparse.ArgumentParser, batch_help: str) -> None:
     )
     _add_model_and_engine(parser)
     if batch_help:
-        parser.add_argument("--hf-batch-size", type=int, default=128, help=batch_help)
+        parser.add_argument("--hf-batch-size", type=int, default=None, help=batch_help)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -191,7 +191,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--refused-timeout",
         type=float,
-        default=DEFAULT_REFUSED_TIMEOUT,
+        default=None,
         metavar="S",
         help="While waiting for readiness, stop with an error once connections have been refused for S seconds in "
         f"a row: nothing listens (not started, or died at start) (default {DEFAULT_REFUSED_TIMEOUT:g}; 0: wait the "

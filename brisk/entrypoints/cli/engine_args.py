@@ -68,13 +68,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="Token budget per step.")
     g.add_argument("--max-num-seqs", type=positive_int, default=None, help="Sequences per step (default: 256).")
     g.add_argument(
-        "--gpu-memory-utilization", type=float, default=None, help="Fraction of GPU memory to use (default: 0.9)."
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="Fraction of GPU memory to use (GPU only; default: 0.9).",
     )
     g.add_argument(
         "--kv-cache-memory-bytes",
         type=parse_bytes,
         default=None,
-        help="KV-cache size, e.g. 2GiB (overrides --gpu-memory-utilization).",
+        help="KV-cache size, e.g. 2GiB, instead of --gpu-memory-utilization (default on the CPU: 2GiB).",
     )
     g.add_argument("--seed", type=int, default=None, help="Engine random seed (default: 0).")
     g.add_argument("--load-format", default=None, help="auto, safetensors or dummy (random weights; default: auto).")
@@ -94,15 +97,4 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The EngineArgs fields given on the command line (flags left at ``None`` are left out)."""
-    from brisk.config import EngineArgs
-
-    known = set(EngineArgs.__dataclass_fields__)
-    kwargs = {}
-    for name in ENGINE_FLAGS:
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        if name not in known:
-            raise ValueError(f"--{name.replace('_', '-')} is not an engine argument of this brisk version.")
-        kwargs[name] = value
-    return kwargs
+    return {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name, None) is not None}
