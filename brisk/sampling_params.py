@@ -53,7 +53,11 @@ class SamplingParams:
         check(is_int(self.n) and 1 <= self.n <= _MAX_N, "n", f"an integer in [1, {_MAX_N}]")
         check(is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "in [0, 100]")
         check(is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "in (0, 1]")
-        check(is_int(self.top_k) and self.top_k >= 0, "top_k", "0 or -1 (disabled) or a positive integer")
+        check(
+            is_int(self.top_k) and 0 <= self.top_k < 2**31,
+            "top_k",
+            "0 or -1 (disabled) or a positive integer below 2**31 (more than the vocabulary keeps every token)",
+        )
         check(is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]")
         check(
             self.max_tokens is None or (is_int(self.max_tokens) and self.max_tokens >= 1),
@@ -67,11 +71,16 @@ class SamplingParams:
             )
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "a list of non-empty strings")
         check(
-            all(is_int(t) and t >= 0 for t in self.stop_token_ids),
+            all(is_int(t) and 0 <= t < 2**31 for t in self.stop_token_ids),
             "stop_token_ids",
-            "a list of non-negative token ids",
+            "a list of token ids (non-negative, below 2**31)",
         )
-        check(self.seed is None or is_int(self.seed), "seed", "an integer or None")
+        # The n sequences of a seeded request take seeds seed .. seed + n - 1.
+        check(
+            self.seed is None or (is_int(self.seed) and 0 <= self.seed <= 2**63 - self.n),
+            "seed",
+            f"an integer in [0, 2**63 - n] or None (n = {self.n})",
+        )
         check(
             is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
             "presence_penalty",

@@ -36,6 +36,14 @@ logger = logging.getLogger(__name__)
 EngineStats = SchedulerStats
 
 
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; ``param`` names the field to change (the server's 400 names it)."""
+
+    def __init__(self, message: str, param: str = "prompt"):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class _Completion:
     """One of a parent request's ``n`` sequences and its detokenization state."""
@@ -252,6 +260,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         text, token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
+        self._validate_token_ids(params.stop_token_ids, "stop_token_ids")
         arrival_time = arrival_time if arrival_time is not None else time.time()
         completions = []
         for index in range(params.n):
@@ -265,7 +274,8 @@ class LLMEngine:
             if params.detokenize and self.tokenizer is not None and (stream or params.stop):
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
             completions.append(_Completion(request, detok))
-            self._child_to_parent[child_id] = (request_id, index)
+        for index, completion in enumerate(completions):  # registered once every child is built
+            self._child_to_parent[completion.request.request_id] = (request_id, index)
         self._parents[request_id] = _ParentRequest(
             request_id, text, token_ids, completions, RequestMetrics(arrival_time), stream
         )
@@ -274,16 +284,20 @@ class LLMEngine:
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
-            raise ValueError("The prompt is empty: give at least one token.")
+            raise InvalidRequestError("The prompt is empty: give at least one token.")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(
+            raise InvalidRequestError(
                 f"The prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}: it must be "
                 f"shorter (at least one token must be left to generate). Shorten the prompt or raise max_model_len."
             )
+        self._validate_token_ids(token_ids, "prompt")
+
+    def _validate_token_ids(self, token_ids: list[int], param: str) -> None:
         vocab = self.model_config.hf_config.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise ValueError(f"Token id {bad} is outside the vocabulary [0, {vocab}).")
+            where = "" if param == "prompt" else f" in {param}"
+            raise InvalidRequestError(f"Token id {bad}{where} is outside the vocabulary [0, {vocab}).", param)
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         if isinstance(request_ids, str):

@@ -73,9 +73,10 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.de
         ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
         drop = ranks >= k[:, None]
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        # keep a token if the mass strictly before it is below top_p (the top token always survives)
+        # keep a token if the mass strictly before it is below top_p, and always the top token (a top_p that
+        # rounds to 0 in float32 would drop it too)
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= top_p[:, None]
+        drop |= (mass_before >= top_p[:, None]) & (ranks > 0)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     if any(p.min_p > 0 for p in params):

@@ -36,6 +36,11 @@ def test_bad_prompts(llm, prompts, match):
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -5}, "top_k"),
+        ({"top_k": 2**63}, "top_k"),
+        ({"stop_token_ids": [2**63]}, "stop_token_ids"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**63 - 1, "n": 2}, "seed"),
         ({"min_p": 2}, "min_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"n": 0}, "n"),
@@ -144,3 +149,11 @@ def test_tokenizer_that_was_asked_for_must_load(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="Cannot load a tokenizer from"):
         LLM(tiny_llama, device="cpu", load_format="dummy", tokenizer=str(tmp_path / "missing"))
     assert LLM(tiny_llama, device="cpu", load_format="dummy").engine.tokenizer is not None
+
+
+def test_stop_token_ids_outside_the_vocabulary(llm):
+    """min_tokens bans stop ids by indexing the logits: an id past the vocabulary is refused up front."""
+    params = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=[10**6])
+    with pytest.raises(ValueError, match="Token id 1000000 in stop_token_ids is outside the vocabulary"):
+        llm.generate("Paris is", params, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests() and not llm.engine._child_to_parent

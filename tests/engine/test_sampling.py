@@ -129,3 +129,12 @@ def test_penalties_change_greedy_output(llm):
     )
     assert plain != penalized
     assert len(set(penalized)) >= len(set(plain))
+
+
+def test_top_p_below_float32_keeps_the_top_token(llm):
+    """A top_p that rounds to 0 in float32 keeps the most likely token alone: the greedy tokens."""
+    prompts = ["The quick brown fox", "Paris is"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    tiny = SamplingParams(temperature=1.0, top_p=1e-300, max_tokens=8, ignore_eos=True, seed=5)
+    outputs = [llm.generate(prompts, p, use_tqdm=False) for p in (greedy, tiny)]
+    assert [o.outputs[0].token_ids for o in outputs[0]] == [o.outputs[0].token_ids for o in outputs[1]]

@@ -123,9 +123,10 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
     errors = list(exc.errors())
     if not errors:
         return bad_request("Invalid request.")
-    # Prefer the most telling error: our own value checks, unknown fields, type errors; "missing" last.
-    priority = {"value_error": 0, "extra_forbidden": 1, "missing": 3}
-    errors.sort(key=lambda e: priority.get(e.get("type", ""), 2))
+    # Prefer the most telling error: our own value checks, unknown fields, then type errors and missing fields,
+    # the deepest first (a union member that matched the value's shape reports deeper than the others).
+    priority = {"value_error": 0, "extra_forbidden": 1}
+    errors.sort(key=lambda e: (priority.get(e.get("type", ""), 2), -len(e.get("loc", ()))))
     err = errors[0]
     etype = err.get("type", "")
     loc = tuple(err.get("loc", ()))

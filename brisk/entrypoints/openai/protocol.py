@@ -49,7 +49,9 @@ class _SamplingFields(_Request):
     frequency_penalty: float | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(None, description="Accepted for compatibility; only logged.")
+    user: str | None = Field(
+        None, description="An end-user id, accepted for compatibility with OpenAI clients; brisk does not use it."
+    )
     # brisk / vLLM extras
     top_k: int | None = None
     min_p: float | None = None
@@ -98,7 +100,7 @@ class CompletionRequest(_SamplingFields):
 
 class TextContentPart(_Request):
     type: str
-    text: str | None = None
+    text: str
 
     @field_validator("type")
     @classmethod
@@ -118,7 +120,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_SamplingFields):

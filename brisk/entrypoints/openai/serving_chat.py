@@ -30,6 +30,10 @@ from brisk.sampling_params import SamplingParams
 
 class OpenAIServingChat(OpenAIServing):
     def _params(self, req: ChatCompletionRequest, num_prompt_tokens: int) -> SamplingParams:
+        if req.max_completion_tokens is not None and req.max_tokens not in (None, req.max_completion_tokens):
+            raise bad_request(
+                "'max_tokens' (deprecated) and 'max_completion_tokens' differ: give one of them.", param="max_tokens"
+            )
         if req.max_completion_tokens is not None:
             requested, param = req.max_completion_tokens, "max_completion_tokens"
         else:
@@ -48,6 +52,12 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(req.model)
         self.check_n(req.n)
         self.check_stream_options(req.stream, req.stream_options)
+        if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+            raise bad_request(
+                "continue_final_message continues the last assistant message, so no generation prompt can follow: "
+                "drop 'add_generation_prompt': true.",
+                param="add_generation_prompt",
+            )
         _, prompt_ids = await self.render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
         self.check_prompt_length(len(prompt_ids), "messages")
         params = self._params(req, len(prompt_ids))

@@ -143,14 +143,24 @@ class OpenAIServing:
                 entry["name"] = m.name
             conversation.append(entry)
 
-        def render() -> tuple[str, list[int]]:
-            text = tokenizer.apply_chat_template(
+        def apply(conversation: list[dict[str, Any]]) -> str:
+            return tokenizer.apply_chat_template(
                 conversation,
                 chat_template=template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
             )
+
+        def render() -> tuple[str, list[int]]:
+            text = apply(conversation)
+            if any("name" in entry for entry in conversation):
+                unnamed = [{k: v for k, v in entry.items() if k != "name"} for entry in conversation]
+                if apply(unnamed) == text:
+                    raise bad_request(
+                        "This model's chat template does not use message names: drop 'name' from the messages.",
+                        param="messages",
+                    )
             return text, tokenizer.encode(text, add_special_tokens=False)
 
         try:
@@ -234,6 +244,7 @@ class OpenAIServing:
     ) -> SamplingParams:
         """``sampling_params`` of the fields completions and chat share, ``max_tokens`` as resolved, and the
         endpoint's own ``fields`` (logprobs, ...)."""
+        self.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
         return self.sampling_params(
             dict(
                 n=req.n,
@@ -261,7 +272,7 @@ class OpenAIServing:
         try:
             return await self.engine.add_request(request_id, prompt_ids, params, arrival_time=time.time())
         except ValueError as exc:
-            raise bad_request(str(exc), param="prompt") from exc
+            raise bad_request(str(exc), param=getattr(exc, "param", "prompt")) from exc
         except QueueFullError as exc:
             raise OpenAIError(str(exc), status_code=503, code="server_overloaded") from exc
         except EngineDeadError as exc:
