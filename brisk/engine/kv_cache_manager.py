@@ -133,9 +133,12 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted request's lookup (a request that waits for blocks looks up again: counted once)."""
+        self.prefix_cache_queries += num_tokens
+        self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()

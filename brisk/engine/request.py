@@ -91,6 +91,11 @@ class Request:
         return len(self.output_token_ids)
 
     @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and does not have one per prompt position yet."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
+
+    @property
     def is_finished(self) -> bool:
         return self.status > _PREEMPTED
 

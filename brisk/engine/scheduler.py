@@ -138,12 +138,16 @@ class Scheduler:
                 if request.num_pending_tokens:  # preempted while its last step is in flight: wait for it
                     break
                 hits, num_hit_tokens = [], 0
-                if request.num_computed_tokens == 0:
+                # A request still owed prompt logprobs computes its whole prompt: cached blocks carry no logits.
+                lookup = request.num_computed_tokens == 0 and not request.needs_prompt_logprobs
+                if lookup:
                     hits, num_hit_tokens = self.kv.get_computed_blocks(request)
                 num_new = min(request.num_tokens - request.num_computed_tokens - num_hit_tokens, budget)
                 if not self.kv.allocate_slots(request, num_new, hits):
                     break
                 self.waiting.popleft()
+                if lookup:
+                    self.kv.record_prefix_lookup(request.num_tokens, num_hit_tokens)
                 request.num_computed_tokens += num_hit_tokens
                 if request.num_cached_tokens < 0:
                     request.num_cached_tokens = num_hit_tokens

@@ -104,3 +104,40 @@ def test_triton_backend_in_the_interpreter_gives_the_same_tokens(tiny_llama, bas
     outputs = llm.generate(prompts[:3], params, use_tqdm=False)
     assert token_ids(outputs) == [ids[:6] for ids in expected[:3]]
     assert outputs[2].num_cached_tokens > 0
+
+
+def _logprob_table(positions) -> list[dict[int, float] | None]:
+    return [None if p is None else {t: round(lp.logprob, 4) for t, lp in p.items()} for p in positions]
+
+
+def test_prompt_logprobs_on_a_prefix_cache_hit(tiny_llama):
+    """Cached blocks carry no logits: a request asking for prompt logprobs computes its whole prompt, so it gets
+    every position's logprobs even when its prefix is cached (the run before filled the cache)."""
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1)
+    plain = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    prompt = plain.get_tokenizer().encode(SHARED)
+    expected = _logprob_table(plain.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs)
+    assert len(expected) == len(prompt) > 32
+    cached = LLM(tiny_llama, device="cpu", enable_prefix_caching=True)
+    for _ in range(2):
+        out = cached.generate([prompt], params, use_tqdm=False)[0]
+        assert _logprob_table(out.prompt_logprobs) == expected
+    # A request without prompt logprobs still hits the cache that the runs above filled.
+    assert cached.generate([prompt], GREEDY, use_tqdm=False)[0].num_cached_tokens >= 32
+
+
+def test_prefix_cache_counts_each_admitted_request_once(tiny_llama):
+    """A request that waits for KV blocks looks its prefix up again each step; it is counted once, when admitted."""
+    probe = LLM(tiny_llama, device="cpu")
+    per_block = probe.engine.model_runner.kv_cache_bytes_per_block()
+    llm = LLM(tiny_llama, device="cpu", kv_cache_memory_bytes=14 * per_block, max_model_len=176)
+    tokenizer = llm.get_tokenizer()
+    # Two prompts sharing 8 blocks run together (11 blocks); the third (9 blocks) waits until they finish.
+    prompts = prompts_with_shared_prefix(tokenizer, count=2)
+    prompts.append(tokenizer.encode("A different story. " * 24)[: len(prompts[0])])
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    stats = llm.engine.get_stats()
+    assert stats.num_preemptions == 0 and outputs[1].num_cached_tokens >= 64
+    assert stats.prefix_cache_queries == sum(len(p) for p in prompts)
+    assert stats.prefix_cache_hits == sum(o.num_cached_tokens for o in outputs)
