@@ -61,9 +61,17 @@ class LLM:
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("This model has no tokenizer, so chat templates cannot be applied.")
-        if not messages:
-            raise ValueError("messages is empty: give one conversation (a list of {role, content} dicts) or a list.")
+        shape = "one conversation (a list of {role, content} dicts) or a list of conversations"
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"messages must be {shape}, got {type(messages).__name__ if messages else 'nothing'}.")
         conversations = [messages] if isinstance(messages[0], dict) else messages
+        for conversation in conversations:
+            if (
+                not isinstance(conversation, list)
+                or not conversation
+                or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation)
+            ):
+                raise ValueError(f"messages must be {shape}; each message needs 'role' and 'content'.")
         if chat_template is None and tokenizer.chat_template is None:
             raise ValueError("The tokenizer has no chat template: pass chat_template= (a Jinja string).")
         prompts = [
@@ -95,6 +103,11 @@ class LLM:
             params = SamplingParams()
         if isinstance(params, SamplingParams):
             return [params] * count
+        if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+            got = type(params).__name__
+            if isinstance(params, (list, tuple)):
+                got = f"a list holding {', '.join(sorted({type(p).__name__ for p in params}))}"
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got {got}.")
         params = list(params)
         if len(params) != count:
             raise ValueError(f"Got {len(params)} SamplingParams for {count} prompts: pass one, or one per prompt.")

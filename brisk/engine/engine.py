@@ -256,8 +256,10 @@ class LLMEngine:
         """Queue a request. With ``stream=False`` its output is returned only once, when it finishes, and text
         is decoded once at the end unless stop strings need watching (cheaper for offline batches)."""
         params = params or SamplingParams()
-        if request_id in self._parents:
-            raise ValueError(f"request_id {request_id!r} is already in use.")
+        child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
+        taken = sorted(i for i in {request_id, *child_ids} if i in self._parents or i in self._child_to_parent)
+        if taken:  # the n sequences of a request are named "{index}_{request_id}": those names are taken too
+            raise ValueError(f"request_id {request_id!r} is already in use (by {', '.join(map(repr, taken))}).")
         text, token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         self._validate_token_ids(params.stop_token_ids, "stop_token_ids")
@@ -268,8 +270,7 @@ class LLMEngine:
             if params.n > 1:
                 seed = None if params.seed is None else params.seed + index
                 child_params = replace(params, n=1, seed=seed)
-            child_id = request_id if params.n == 1 else f"{index}_{request_id}"
-            request = Request(child_id, token_ids, child_params, self.eos_token_ids, arrival_time)
+            request = Request(child_ids[index], token_ids, child_params, self.eos_token_ids, arrival_time)
             detok = None
             if params.detokenize and self.tokenizer is not None and (stream or params.stop):
                 detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
@@ -389,6 +390,10 @@ class LLMEngine:
                 if stop is not None and not request.is_finished:
                     request.stop_reason = stop
                     stopped_by_string.append(request.request_id)
+                elif stop is not None and request.status == RequestStatus.FINISHED_LENGTH:
+                    # The last token allowed completed a stop string: the text ends at it, so it stopped there.
+                    request.stop_reason = stop
+                    request.status = RequestStatus.FINISHED_STOPPED
             touched[parent_id] = parent
         self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
         outputs = []

@@ -10,6 +10,13 @@ from brisk.layers.fused import dense
 from brisk.worker.parallel import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 
 
+def check_loaded_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:
+    """A checkpoint tensor must have the whole (unsharded) shape its layer expects: ``narrow`` would silently
+    take part of a larger one, and ``copy_`` would broadcast a smaller one."""
+    if tuple(loaded.shape) != tuple(expected):
+        raise ValueError(f"checkpoint shape {tuple(loaded.shape)}, expected {tuple(expected)}")
+
+
 class UnquantizedLinearMethod:
     """Plain dense weights: ``y = x W^T + b`` (a Triton GEMV at decode batch sizes on a GPU, else cuBLAS)."""
 
@@ -36,6 +43,7 @@ class LinearBase(nn.Module):
                 param.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        check_loaded_shape(loaded, param.shape)
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,6 +65,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         size = param.shape[0]
+        check_loaded_shape(loaded, (size * get_tp_size(), *param.shape[1:]))
         param.data.copy_(loaded.narrow(0, get_tp_rank() * size, size))
 
 
@@ -71,6 +80,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         tp = get_tp_size()
         offset = sum(self.output_sizes[:shard_id]) // tp
         size = self.output_sizes[shard_id] // tp
+        check_loaded_shape(loaded, (self.output_sizes[shard_id], *param.shape[1:]))
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, get_tp_rank() * size, size))
 
 
@@ -94,6 +104,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = num_heads // tp
         self.num_kv_heads = max(1, num_kv_heads // tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
+        self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
         total = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp
         super().__init__(hidden_size, total, bias, dtype, quant_method)
 
@@ -106,6 +117,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (rank // self.kv_replicas) * kv_size
+        heads = self.total_num_heads if shard_id == "q" else self.total_num_kv_heads
+        check_loaded_shape(loaded, (heads * self.head_size, *param.shape[1:]))
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
 
 
@@ -120,9 +133,11 @@ class RowParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if param.dim() == 1:  # the bias is added once, after the reduction
+            check_loaded_shape(loaded, param.shape)
             param.data.copy_(loaded)
             return
         size = param.shape[1]
+        check_loaded_shape(loaded, (param.shape[0], size * get_tp_size()))
         param.data.copy_(loaded.narrow(1, get_tp_rank() * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

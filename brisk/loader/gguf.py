@@ -138,6 +138,10 @@ class GGUFFile:
                 if n >= self._file.size:
                     raise ValueError(f"GGUF header is truncated or corrupt: {self.paths[0]}") from None
                 n = min(self._file.size, 4 * n)
+            except ValueError as exc:
+                if str(self.paths[0]) in str(exc):
+                    raise
+                raise ValueError(f"{exc}: {self.paths[0]}") from None
 
     # -- header -------------------------------------------------------------------------------------
     def _parse(self, buf: bytes) -> None:
@@ -239,7 +243,10 @@ def _read_str(buf: bytes, off: int) -> tuple[str, int]:
     off += 8
     if off + n > len(buf):
         raise _NeedMore
-    return buf[off : off + n].decode("utf-8"), off + n
+    try:
+        return buf[off : off + n].decode("utf-8"), off + n
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"a GGUF string at byte {off} is not valid UTF-8 ({exc.reason})") from None
 
 
 def _read_value(buf: bytes, off: int, vtype: int) -> tuple[Any, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,19 +13,43 @@ from brisk.config import ModelConfig
 from brisk.models.registry import get_model_class
 
 
-def iterate_safetensors(folder: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's files: those its ``model.safetensors.index.json`` lists when it has one (a folder may also
+    hold other exports, such as Mistral's ``consolidated.safetensors``), else every ``*.safetensors``."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{index} is not a safetensors index (a 'weight_map' of tensor -> file): {exc}") from exc
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{index} lists files that are not in {folder}: {absent[:4]}")
+        return files
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(
             f"No *.safetensors files in {folder}. Point model= at a folder with weights, "
             "or pass load_format='dummy' for random weights."
         )
-    for file in files:
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+    return files
+
+
+def iterate_safetensors(folder: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
+
+    seen: dict[str, str] = {}
+    for file in safetensors_files(folder):
+        try:
+            with safe_open(str(file), framework="pt", device=str(device)) as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    if name in seen:
+                        raise ValueError(f"Tensor {name!r} is in both {seen[name]} and {file.name} in {folder}.")
+                    seen[name] = file.name
+                    yield name, f.get_tensor(name)
+        except SafetensorError as exc:
+            raise ValueError(f"{file} is not a readable safetensors file ({exc}); is it complete?") from exc
 
 
 def fill_dummy_weights(model: nn.Module, seed: int) -> None:

@@ -11,7 +11,7 @@ from brisk.layers.activation import SiluAndMul
 from brisk.layers.attention.layer import Attention
 from brisk.layers.embedding import LMHead, VocabEmbedding
 from brisk.layers.fused_linear import rms_norm_linear, silu_and_mul_linear
-from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, check_loaded_shape
 from brisk.layers.norm import RMSNorm
 from brisk.layers.rotary import RotaryEmbedding, rope_parameters
 
@@ -150,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
-            shard_id = None
+            checkpoint_name, shard_id = name, None
             for fragment, (fused, shard) in self.packed_modules_mapping.items():
                 if f".{fragment}." in name:
                     name, shard_id = name.replace(fragment, fused), shard
@@ -158,15 +158,37 @@ class LlamaForCausalLM(nn.Module):
             param = params.get(name)
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
-            loader = getattr(param, "weight_loader", None)
-            if loader is None:
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
-                param.data.copy_(tensor)
-            else:
-                loader(param, tensor, shard_id)
+            try:
+                if not tensor.is_floating_point():
+                    raise ValueError(f"dtype {tensor.dtype}; brisk loads floating-point weights")
+                loader = getattr(param, "weight_loader", None)
+                if loader is None:
+                    check_loaded_shape(tensor, param.shape)
+                    param.data.copy_(tensor)
+                else:
+                    loader(param, tensor, shard_id)
+            except ValueError as exc:
+                raise ValueError(f"checkpoint tensor {checkpoint_name!r}: {exc}") from None
             loaded.add(name if shard_id is None else f"{name}:{shard_id}")
-        expected = {n for n in params if not (n == "lm_head.weight" and self.tie_word_embeddings)}
-        missing = {n for n in expected if n not in loaded and not any(k.startswith(n + ":") for k in loaded)}
+        missing = self._missing_tensors(params, loaded)
         if missing:
-            raise ValueError(f"checkpoint is missing tensors: {sorted(missing)[:8]}")
+            raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+
+    def _missing_tensors(self, params: dict[str, torch.nn.Parameter], loaded: set[str]) -> list[str]:
+        """Parameters not loaded, and fused ones with a part missing (named as the checkpoint names it)."""
+        parts: dict[str, list[tuple[str, object]]] = {}
+        for fragment, (fused, shard) in self.packed_modules_mapping.items():
+            parts.setdefault(fused, []).append((fragment, shard))
+        missing = []
+        for name in params:
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            fused = next((f for f in parts if f".{f}." in name), None)
+            if fused is None:
+                if name not in loaded:
+                    missing.append(name)
+            else:
+                missing += [
+                    name.replace(fused, part) for part, shard in parts[fused] if f"{name}:{shard}" not in loaded
+                ]
+        return sorted(missing)

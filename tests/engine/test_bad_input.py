@@ -62,6 +62,24 @@ def test_bad_sampling_params(kwargs, field):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "params, match",
+    [({"temperature": 0}, "got dict"), ([{"temperature": 0}], "got a list holding dict")],
+)
+def test_sampling_params_of_another_type(llm, params, match):
+    with pytest.raises(ValueError, match=f"sampling_params must be a SamplingParams or a list of them, {match}"):
+        llm.generate("a", params, use_tqdm=False)
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [{"role": "user", "content": "x"}, "hello", [], [{"content": "x"}], [[{"role": "user"}]], [["hi"]]],
+)
+def test_chat_messages_of_another_shape(llm, messages):
+    with pytest.raises(ValueError, match="messages must be one conversation"):
+        llm.chat(messages, use_tqdm=False)
+
+
 def test_mismatched_params_list(llm):
     with pytest.raises(ValueError, match="one per prompt"):
         llm.generate(["a", "b"], [SamplingParams(), SamplingParams(), SamplingParams()], use_tqdm=False)
@@ -157,3 +175,19 @@ def test_stop_token_ids_outside_the_vocabulary(llm):
     with pytest.raises(ValueError, match="Token id 1000000 in stop_token_ids is outside the vocabulary"):
         llm.generate("Paris is", params, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests() and not llm.engine._child_to_parent
+
+
+def test_request_ids_of_n_sequences_cannot_collide(llm):
+    """A request of n sequences names them "{index}_{request_id}": an id that another request's sequence has is
+    refused, in either order, and nothing is left behind."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=2)
+    engine.add_request("1_a", [5, 6], params)
+    with pytest.raises(ValueError, match="request_id 'a' is already in use \\(by '1_a'\\)"):
+        engine.add_request("a", [5, 6], SamplingParams(n=2, max_tokens=2))
+    engine.add_request("b", [5, 6], SamplingParams(n=2, max_tokens=2))
+    with pytest.raises(ValueError, match="request_id '0_b' is already in use"):
+        engine.add_request("0_b", [5, 6], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert not engine._child_to_parent and not engine.scheduler.requests

@@ -48,6 +48,10 @@ def test_stop_string_cuts_text(llm):
     assert cut.text == base.text[: base.text.index(stop)]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert stop not in cut.text
+    # The last token allowed completes the stop string: the same cut, and it stopped (not "length").
+    last = SamplingParams(temperature=0, max_tokens=len(cut.token_ids), stop=[stop], ignore_eos=True)
+    at_limit = llm.generate("The quick brown fox", last, use_tqdm=False)[0].outputs[0]
+    assert (at_limit.text, at_limit.finish_reason, at_limit.stop_reason) == (cut.text, "stop", stop)
 
 
 def test_stop_token_ids_and_max_tokens(llm):

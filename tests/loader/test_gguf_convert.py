@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import gguf
 import numpy as np
@@ -236,3 +237,14 @@ def test_not_a_gguf(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"NOPE" + bytes(100))
     with pytest.raises(ValueError, match="not a GGUF file"):
         GGUFFile(tmp_path / "x.gguf")
+
+
+def test_invalid_utf8_in_a_key_names_the_file(tiny, tmp_path):
+    path, _, _ = tiny("llama", "f32")
+    data = path.read_bytes()
+    key = b"general.architecture"
+    at = data.index(key)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
+    with pytest.raises(ValueError, match=rf"not valid UTF-8 .*: {re.escape(str(bad))}"):
+        GGUFFile(bad)
