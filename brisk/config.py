@@ -151,8 +151,11 @@ def read_hf_config(folder: Path):
         raise FileNotFoundError(f"{folder} has no config.json; is it an HF-style model folder?")
     try:
         return AutoConfig.from_pretrained(folder)
-    except (ValueError, KeyError) as exc:
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (ValueError, KeyError, OSError) as exc:
+        try:
+            model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        except (ValueError, AttributeError):
+            raise ValueError(f"{folder}/config.json is not a JSON object; is the file complete?") from None
         raise ValueError(f"Cannot read {folder}/config.json (model_type={model_type!r}): {exc}") from exc
 
 

@@ -43,11 +43,14 @@ class IncrementalDetokenizer:
         delta = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)
-        start = max(0, len(self.text) - self.max_stop_len + 1)
+        old_len = len(self.text)
         self.text += delta
         if not check_stop or not self.stop:
             return None
-        found = [(pos, stop) for stop in self.stop if (pos := self.text.find(stop, start)) >= 0]
+        # Only a match that ends in the new text counts (earlier text was checked, or was under min_tokens).
+        found = [
+            (pos, stop) for stop in self.stop if (pos := self.text.find(stop, max(0, old_len - len(stop) + 1))) >= 0
+        ]
         if not found:
             return None
         pos, stop = min(found)

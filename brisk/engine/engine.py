@@ -179,7 +179,7 @@ class LLMEngine:
 
         try:
             return AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError, TypeError) as exc:
+        except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
             if optional:
                 logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
                 return None

@@ -39,3 +39,16 @@ def test_streamed_text_adds_up(tokenizer):
         # Byte-level BPE decodes piecewise: the context's text plus the streamed text is the whole text.
         context = tokenizer.decode(prompt[-5:], skip_special_tokens=True)
         assert context + detok.text == tokenizer.decode(prompt[-5:] + generated, skip_special_tokens=True)
+
+
+def test_a_short_stop_before_min_tokens_does_not_count_beside_a_long_one(tokenizer):
+    """Under min_tokens stops are not checked; once they are, only a match ending in the new text counts, for
+    each stop string by its own length (a longer stop string beside it used to widen the search backwards)."""
+    prompt = tokenizer.encode("Once upon a time")
+    ids = tokenizer.encode(" the fox", add_special_tokens=False) + tokenizer.encode(" jumps", add_special_tokens=False)
+    first = len(tokenizer.encode(" the fox", add_special_tokens=False))
+    for stops in (["o"], ["o", "zzzzzzzzzzzz"]):
+        detok = IncrementalDetokenizer(tokenizer, prompt, stops, skip_special_tokens=True)
+        found = [detok.append(token, check_stop=i >= first) for i, token in enumerate(ids)]
+        # " the fox" (its "o" under min_tokens) then " jumps": no "o" in the checked text
+        assert found == [None] * len(ids) and detok.text.endswith("jumps"), stops

@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
+_NO_TEMPLATE = 'use `brisk generate --raw "prompt"`'  # what to do with a model that has no chat template
+
+
 class Conversation:
     """The messages so far, with an optional system message that survives /reset and trimming."""
 
@@ -68,7 +71,7 @@ def _fit_prompt(engine, conversation: Conversation, params) -> list[int] | None:
     """The conversation's prompt ids, dropping the oldest exchanges until prompt + reply fit the context."""
     limit = engine.max_model_len - min(params.max_tokens or 1, engine.max_model_len // 2)
     while True:
-        ids = common.chat_prompt_ids(engine, conversation.messages())
+        ids = common.chat_prompt_ids(engine, conversation.messages(), _NO_TEMPLATE)
         if len(ids) <= limit:
             return ids
         if not conversation.drop_oldest_exchange():
@@ -85,12 +88,12 @@ def run(args: argparse.Namespace) -> int:
     if interactive:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     engine = common.build_engine(engine_args, args.threads)
-    # Fail now, not at the first turn, when the model cannot chat.
-    common.chat_prompt_ids(engine, [{"role": "user", "content": "hi"}])
+    # Fail now, not at the first turn, when the model cannot chat (or not with this system message).
+    conversation = Conversation(args.system)
+    common.chat_prompt_ids(engine, [*conversation.messages(), {"role": "user", "content": "hi"}], _NO_TEMPLATE)
     if interactive:
         print(f"brisk chat with {args.model}. {HELP}.", file=sys.stderr, flush=True)
 
-    conversation = Conversation(args.system)
     while True:
         try:
             line = _read_line(interactive)

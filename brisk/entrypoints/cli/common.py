@@ -226,14 +226,21 @@ def build_engine(engine_args, threads: int | None = None):
         raise FileNotFoundError(_one_line(str(exc))) from None
 
 
-def chat_prompt_ids(engine, messages: list[dict]) -> list[int]:
+def chat_prompt_ids(engine, messages: list[dict], no_template_hint: str = "use --raw") -> list[int]:
     """The conversation through the model's chat template, ending with the assistant's turn, as token ids."""
+    from jinja2 import TemplateError
+
     tokenizer = engine.tokenizer
     if tokenizer is None:
         raise ValueError("This model has no tokenizer, so its chat template cannot be applied.")
     if tokenizer.chat_template is None:
-        raise ValueError("This model's tokenizer has no chat template: use --raw to complete the prompt as-is.")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        raise ValueError(
+            f"This model's tokenizer has no chat template: {no_template_hint} to complete the prompt as-is."
+        )
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except TemplateError as exc:  # raise_exception() in templates: "System role not supported", ...
+        raise ValueError(f"The model's chat template refuses this conversation: {exc}") from None
     # The template already holds BOS where the model wants it: do not add special tokens again.
     return tokenizer.encode(text, add_special_tokens=False)
 
