@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -16,24 +17,31 @@ from brisk.layers.norm import RMSNorm
 from brisk.layers.rotary import RotaryEmbedding, rope_parameters
 
 
+@dataclass(frozen=True)
+class LayerOptions:
+    """What a model family's decoder layers have, as HF transformers builds that family from its config."""
+
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config, dtype: torch.dtype, max_position: int, backend: str, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config, dtype: torch.dtype, max_position: int, backend: str, options: LayerOptions):
         super().__init__()
         self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_size, config.num_attention_heads, num_kv_heads, qkv_bias, dtype
+            config.hidden_size, self.head_size, config.num_attention_heads, num_kv_heads, options.qkv_bias, dtype
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_size,
-            config.hidden_size,
-            getattr(config, "attention_bias", False),
-            dtype,
+            config.num_attention_heads * self.head_size, config.hidden_size, options.o_bias, dtype
         )
-        self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if qk_norm else None
+        self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if options.qk_norm else None
+        self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if options.qk_norm else None
         self.rotary_emb = RotaryEmbedding(self.head_size, max_position, rope_parameters(config))
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_size, self.head_size**-0.5, backend)
 
@@ -50,12 +58,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config, dtype: torch.dtype):
+    def __init__(self, config, dtype: torch.dtype, bias: bool):
         super().__init__()
-        bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias, dtype)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias, dtype)
-        if getattr(config, "hidden_act", "silu") != "silu":
+        if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):  # transformers' swish is SiLU
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported (only silu).")
         self.act_fn = SiluAndMul()
 
@@ -65,10 +72,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, dtype, max_position, backend, qkv_bias, qk_norm):
+    def __init__(self, config, dtype, max_position, backend, options: LayerOptions):
         super().__init__()
-        self.self_attn = LlamaAttention(config, dtype, max_position, backend, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(config, dtype)
+        self.self_attn = LlamaAttention(config, dtype, max_position, backend, options)
+        self.mlp = LlamaMLP(config, dtype, options.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -83,12 +90,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, dtype, max_position, backend, qkv_bias, qk_norm):
+    def __init__(self, config, dtype, max_position, backend, options: LayerOptions):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, max_position, backend, qkv_bias, qk_norm)
-            for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, dtype, max_position, backend, options) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -105,7 +111,11 @@ class LlamaForCausalLM(nn.Module):
     """Causal LM over the paged KV cache. ``forward`` returns final hidden states; ``compute_logits`` the
     vocabulary logits of the rows the sampler needs (so prompt positions never pay for the LM head)."""
 
-    qkv_bias = False
+    # Which config fields this family's HF modeling code reads (the Llama family and Mistral share this class
+    # in HF's field names, not in what they honour): biases, q/k norms, the attention window.
+    qkv_bias = False  # q/k/v biases whatever the config says (Qwen2)
+    config_attention_bias = True  # config.attention_bias puts biases on q/k/v and o (Llama, Qwen3)
+    config_mlp_bias = True  # config.mlp_bias puts biases on the MLP (Llama)
     qk_norm = False
     # checkpoint name fragment -> (fused parameter fragment, shard id)
     packed_modules_mapping = {
@@ -118,19 +128,31 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config, dtype: torch.dtype, max_position: int, attention_backend: str):
         super().__init__()
-        window = getattr(config, "sliding_window", None)
-        if window and getattr(config, "use_sliding_window", True) and window < max_position:
+        window = self.sliding_window(config)
+        if window and window < max_position:
             raise ValueError(
                 f"This model uses sliding-window attention (window {window}), which brisk does not support yet; "
                 f"pass max_model_len <= {window} to serve it with full attention, which is then identical."
             )
         self.config = config
-        qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
-        self.model = LlamaModel(config, dtype, max_position, attention_backend, qkv_bias, self.qk_norm)
+        attention_bias = self.config_attention_bias and bool(getattr(config, "attention_bias", False))
+        options = LayerOptions(
+            qkv_bias=self.qkv_bias or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=self.config_mlp_bias and bool(getattr(config, "mlp_bias", False)),
+            qk_norm=self.qk_norm,
+        )
+        self.model = LlamaModel(config, dtype, max_position, attention_backend, options)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def sliding_window(config) -> int | None:
+        """The attention window HF applies to this family, or None. Llama and Mistral: ``sliding_window`` when
+        set (HF's Llama forward ignores it, but its generate keeps only that many keys in the cache)."""
+        return getattr(config, "sliding_window", None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
@@ -145,10 +167,12 @@ class LlamaForCausalLM(nn.Module):
         """Copy checkpoint tensors (HF names) into parameters, routing q/k/v and gate/up into fused ones."""
         params = dict(self.named_parameters(remove_duplicate=False))
         loaded: set[str] = set()
+        tied_head = None  # a tied model's lm_head.weight in the checkpoint: it must equal the embedding
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
+                tied_head = tensor
                 continue
             checkpoint_name, shard_id = name, None
             for fragment, (fused, shard) in self.packed_modules_mapping.items():
@@ -173,6 +197,12 @@ class LlamaForCausalLM(nn.Module):
         missing = self._missing_tensors(params, loaded)
         if missing:
             raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
+        embedding = self.model.embed_tokens.weight
+        if tied_head is not None and not torch.equal(tied_head.to(embedding.device, embedding.dtype), embedding):
+            raise ValueError(
+                "config.json says tie_word_embeddings, but the checkpoint's lm_head.weight differs from "
+                "model.embed_tokens.weight: set tie_word_embeddings to false in config.json to use both."
+            )
 
     def _missing_tensors(self, params: dict[str, torch.nn.Parameter], loaded: set[str]) -> list[str]:
         """Parameters not loaded, and fused ones with a part missing (named as the checkpoint names it)."""
