@@ -353,6 +353,40 @@ class GGUFModelInfo:
     tensor_names: dict[str, str]  # gguf name -> HF name, in file order
 
 
+def _check_shapes(g: GGUFFile, hidden: int, q_rows: int, kv_rows: int, ffn: int) -> None:
+    """The metadata's sizes must be the tensors' (a config that disagrees with its weights fails only later, in
+    the engine, after a broken folder has been cached)."""
+    expected = {
+        "token_embd.weight": (None, hidden),
+        "blk.0.attn_q.weight": (q_rows, hidden),
+        "blk.0.attn_k.weight": (kv_rows, hidden),
+        "blk.0.attn_v.weight": (kv_rows, hidden),
+        "blk.0.ffn_up.weight": (ffn, hidden),
+    }
+    for name, (rows, cols) in expected.items():
+        info = g.tensors.get(name)
+        if info is None:
+            raise ValueError(f"GGUF has no {name}: {g.paths[0]}")
+        got_rows, got_cols = info.shape[0], info.shape[-1]
+        if (rows is not None and got_rows != rows) or got_cols != cols:
+            raise ValueError(
+                f"GGUF tensor {name} has shape {tuple(info.shape)}, but the metadata implies "
+                f"({rows if rows is not None else got_rows}, {cols}): {g.paths[0]}"
+            )
+
+
+def _check_vocabulary(g: GGUFFile, arch: str, vocab_size: int) -> None:
+    """Every token the tokenizer can produce must have an embedding row."""
+    tokens = g.get("tokenizer.ggml.tokens")
+    declared = g.get(f"{arch}.vocab_size")
+    if declared is not None and int(declared) != vocab_size:
+        raise ValueError(f"GGUF sets {arch}.vocab_size={declared}, but token_embd has {vocab_size} rows: {g.paths[0]}")
+    if tokens is not None and len(tokens) > vocab_size:
+        raise ValueError(
+            f"GGUF's tokenizer has {len(tokens)} tokens, but token_embd has only {vocab_size} rows: {g.paths[0]}"
+        )
+
+
 def read_model_info(g: GGUFFile, dtype: torch.dtype) -> GGUFModelInfo:
     """Build the HF ``config.json`` dict and the tensor-name map of a GGUF; checks the architecture."""
     arch = g.get("general.architecture")
@@ -382,14 +416,20 @@ def read_model_info(g: GGUFFile, dtype: torch.dtype) -> GGUFModelInfo:
         if name == "rope_freqs.weight":
             raise ValueError("GGUF uses per-dimension RoPE frequency factors (Llama-3.1 style): unsupported")
         names[name] = hf_tensor_name(name)
-    for key in (f"{arch}.rope.scaling.type", f"{arch}.rope.scaling.factor"):
+    for key in (f"{arch}.rope.scaling.type", f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
         v = g.get(key)
         if v not in (None, "none", 0, 1, 0.0, 1.0):
             raise ValueError(f"GGUF sets {key}={v!r}: RoPE scaling is not supported by the GGUF converter")
+    for key in ("rope.dimension_count", "attention.value_length"):  # partial RoPE, values of another width
+        v = g.get(f"{arch}.{key}")
+        if v is not None and int(v) != head_dim:
+            raise ValueError(f"GGUF sets {arch}.{key}={v}, not the head size {head_dim}: unsupported: {g.paths[0]}")
     if f"{arch}.feed_forward_length" in g.fields:
         ffn = int(g.fields[f"{arch}.feed_forward_length"])
     else:
         ffn = g.tensors["blk.0.ffn_up.weight"].shape[0]
+    _check_shapes(g, hidden, n_head * head_dim, n_kv * head_dim, ffn)
+    _check_vocabulary(g, arch, vocab_size)
     rope_theta = float(g.get(f"{arch}.rope.freq_base", 10000.0))
     ctx = int(g.get(f"{arch}.context_length", 2048))
     hf_arch, model_type = _HF_ARCH[arch]

@@ -74,6 +74,14 @@ def _pre_tokenizer(pre: str) -> tuple[Any, Any]:
     return normalizer, pre_tokenizers.Sequence([split, byte_level])
 
 
+def adds_bos(fields: dict[str, Any]) -> bool:
+    """``tokenizer.ggml.add_bos_token``; when absent, llama.cpp's default for the family (Llama 3 adds BOS)."""
+    value = fields.get("tokenizer.ggml.add_bos_token")
+    if value is None:
+        return _PRE_FAMILIES.get(fields.get("tokenizer.ggml.pre", "default")) == "llama3"
+    return bool(value)
+
+
 def _token(fields: dict[str, Any], key: str) -> str | None:
     tokens = fields["tokenizer.ggml.tokens"]
     v = fields.get(f"tokenizer.ggml.{key}")
@@ -118,15 +126,20 @@ def build_tokenizer_object(fields: dict[str, Any]) -> Tokenizer:
         if pos < 0:
             raise ValueError(f"malformed BPE merge {m!r} in GGUF")
         merges.append((m[:pos], m[pos + 1 :]))
-    bpe = models.BPE(vocab=vocab, merges=merges, dropout=None, fuse_unk=False, byte_fallback=False)
+    pre_name = fields.get("tokenizer.ggml.pre", "default")
+    # Llama 3 looks a whole pre-token up in the vocabulary before merging (its tokenizer.json's ignore_merges).
+    ignore_merges = _PRE_FAMILIES.get(pre_name) == "llama3"
+    bpe = models.BPE(
+        vocab=vocab, merges=merges, dropout=None, fuse_unk=False, byte_fallback=False, ignore_merges=ignore_merges
+    )
     tok = Tokenizer(bpe)
-    normalizer, pre = _pre_tokenizer(fields.get("tokenizer.ggml.pre", "default"))
+    normalizer, pre = _pre_tokenizer(pre_name)
     if normalizer is not None:
         tok.normalizer = normalizer
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     bos = _token(fields, "bos_token_id")
-    add_bos = bool(fields.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    add_bos = adds_bos(fields) and bos is not None
     add_eos = bool(fields.get("tokenizer.ggml.add_eos_token", False)) and _token(fields, "eos_token_id")
     if add_bos or add_eos:
         eos = _token(fields, "eos_token_id")
@@ -200,7 +213,7 @@ def save_tokenizer(fields: dict[str, Any], out_dir: str | os.PathLike) -> None:
         for i, t in sorted(tok.get_added_tokens_decoder().items())
     }
     cfg: dict[str, Any] = {
-        "add_bos_token": bool(fields.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": adds_bos(fields),
         "add_eos_token": bool(fields.get("tokenizer.ggml.add_eos_token", False)),
         "added_tokens_decoder": added,
         **specials,

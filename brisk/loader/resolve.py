@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 # Bump when the converter's output changes: cached folders from older versions are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: Llama-3 tokenizers ignore merges and add BOS by default
 _MARKER = "brisk-gguf.json"
 _MEMO = "sha256-memo.json"
 _TMP_PREFIX = ".tmp-"
@@ -266,6 +266,8 @@ def _convert_into_cache(paths: Sequence[Path], sha: str, dtype: torch.dtype, sou
         if _valid_cache(folder):
             return folder
         _clean_stale_tmp(root)
+        for dead in root.glob(f"{_TMP_PREFIX}{folder.name}-*"):  # this entry's lock is ours: its converter died
+            shutil.rmtree(dead, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{folder.name}-", dir=root))
         with contextlib.suppress(OSError):  # mkdtemp makes it private; a model cache may be shared
             os.chmod(tmp, 0o755)
@@ -319,10 +321,13 @@ def _clean_stale_tmp(root: Path, max_age_s: float = 6 * 3600) -> None:
 
 
 def file_sha256(paths: Sequence[Path]) -> str:
-    """sha256 of the concatenation of ``paths``, memoized by (path, size, mtime) in the cache folder."""
+    """sha256 of the concatenation of ``paths``, memoized by (path, size, mtime, inode, ctime) in the cache folder
+    (ctime too: ``cp -p`` or rsync can put other content under the same size and mtime)."""
     paths = [Path(p).resolve() for p in paths]
     stats = [p.stat() for p in paths]
-    key = "|".join(f"{p}:{s.st_size}:{s.st_mtime_ns}" for p, s in zip(paths, stats, strict=True))
+    key = "|".join(
+        f"{p}:{s.st_size}:{s.st_mtime_ns}:{s.st_ino}:{s.st_ctime_ns}" for p, s in zip(paths, stats, strict=True)
+    )
     memo_path = cache_dir() / _MEMO
     try:
         memo = json.loads(memo_path.read_text())

@@ -8,6 +8,7 @@ must reproduce: the original weights for F32 tensors, the dequantized weights fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,8 +175,11 @@ def write_tiny_gguf(
     seed: int = 0,
     pre: str | None = None,
     arch_name: str | None = None,
+    add_bos: bool | None = False,
+    metadata: Callable[[GGUFWriter, str], None] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Write a tiny GGUF to ``path``; return the float32 HF state dict it encodes (no lm_head when tied)."""
+    """Write a tiny GGUF to ``path``; return the float32 HF state dict it encodes (no lm_head when tied).
+    ``add_bos`` None leaves ``tokenizer.ggml.add_bos_token`` out; ``metadata(writer, arch)`` adds keys."""
     from transformers import AutoModelForCausalLM
 
     vocab = tiny_vocab()
@@ -203,8 +207,11 @@ def write_tiny_gguf(
     w.add_bos_token_id(vocab.id("<|im_start|>"))
     w.add_eos_token_id(vocab.id("<|im_end|>"))
     w.add_pad_token_id(vocab.id("<|endoftext|>"))
-    w.add_add_bos_token(False)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_chat_template(CHATML)
+    if metadata is not None:
+        metadata(w, arch_name or arch)
 
     reference: dict[str, torch.Tensor] = {}
     for name, tensor in model.state_dict().items():

@@ -248,3 +248,35 @@ def test_invalid_utf8_in_a_key_names_the_file(tiny, tmp_path):
     bad.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
     with pytest.raises(ValueError, match=rf"not valid UTF-8 .*: {re.escape(str(bad))}"):
         GGUFFile(bad)
+
+
+@pytest.mark.parametrize(
+    "add, match",
+    [
+        (lambda w, a: w.add_uint32(f"{a}.rope.dimension_count", 8), "rope.dimension_count=8, not the head size 16"),
+        (lambda w, a: w.add_uint32(f"{a}.attention.value_length", 32), "attention.value_length=32, not the head"),
+        (lambda w, a: w.add_float32(f"{a}.rope.scale_linear", 4.0), "rope.scale_linear=4.0: RoPE scaling"),
+        (lambda w, a: w.add_uint32(f"{a}.attention.key_length", 8), "attn_q.weight has shape .*metadata implies"),
+        (lambda w, a: w.add_uint32(f"{a}.vocab_size", 9999), "vocab_size=9999, but token_embd has"),
+    ],
+    ids=["partial-rope", "value-length", "scale-linear", "key-length", "vocab-size"],
+)
+def test_metadata_that_would_change_the_model_is_refused(tmp_path, add, match):
+    """Keys the converter cannot honour are errors before anything is written (they were ignored)."""
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", "f32", metadata=add)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match=match):
+        convert_gguf(tmp_path / "m.gguf", out, torch.float32)
+
+
+def test_llama3_tokenizer_ignores_merges_and_adds_bos_by_default(tmp_path):
+    """llama.cpp's Llama 3 vocabulary: whole pre-tokens are looked up first, and BOS is added unless the GGUF
+    says otherwise."""
+    write_tiny_gguf(tmp_path / "m.gguf", "llama", "f32", pre="llama-bpe", add_bos=None)
+    out = tmp_path / "out"
+    out.mkdir()
+    convert_gguf(tmp_path / "m.gguf", out, torch.float32)
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["ignore_merges"] is True
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer("Paris").input_ids[0] == tokenizer.bos_token_id

@@ -155,6 +155,28 @@ def test_changed_file_is_rehashed(tmp_path, tiny_gguf):
     assert json.loads((second / "config.json").read_text())["model_type"] == "qwen2"
 
 
+def test_same_size_and_mtime_with_new_content_is_rehashed(tmp_path, tiny_gguf):
+    """As `cp -p` or rsync leave it: another file of the same size under the old mtime (ctime tells them apart)."""
+    path = tmp_path / "m.gguf"
+    path.write_bytes(tiny_gguf.read_bytes())
+    first = resolve_model(str(path), torch.float32)
+    stat = path.stat()
+    data = path.read_bytes()
+    path.write_bytes(data[:-4] + bytes(b ^ 0x55 for b in data[-4:]))  # other weights, same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert resolve_model(str(path), torch.float32) != first
+
+
+def test_a_killed_conversion_leaves_nothing_behind(tiny_gguf, cache):
+    """A temporary folder of this entry is a dead converter's (the entry's lock is held): it is removed."""
+    folder_name = resolve._folder_name(resolve.file_sha256([tiny_gguf]), torch.float32)
+    dead = cache / f"{resolve._TMP_PREFIX}{folder_name}-abc123"
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"half")
+    resolve_model(str(tiny_gguf), torch.float32)
+    assert not dead.exists()
+
+
 def test_non_gguf_file_and_missing_gguf(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(FileNotFoundError, match="not a GGUF file"):
