@@ -71,7 +71,8 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.de
         vocab = logits.shape[-1]
         k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
         ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
-        drop = ranks >= k[:, None]
+        # keep every token tied with the k-th (vLLM's and HF's rule; sort order among ties is arbitrary)
+        drop = sorted_logits < sorted_logits.gather(-1, (k - 1)[:, None])
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
         # keep a token if the mass strictly before it is below top_p, and always the top token (a top_p that
         # rounds to 0 in float32 would drop it too)

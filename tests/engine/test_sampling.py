@@ -142,3 +142,21 @@ def test_top_p_below_float32_keeps_the_top_token(llm):
     tiny = SamplingParams(temperature=1.0, top_p=1e-300, max_tokens=8, ignore_eos=True, seed=5)
     outputs = [llm.generate(prompts, p, use_tqdm=False) for p in (greedy, tiny)]
     assert [o.outputs[0].token_ids for o in outputs[0]] == [o.outputs[0].token_ids for o in outputs[1]]
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    """Ties at the k-th logit all survive (bf16 logits tie often): which one a sort puts first is arbitrary."""
+    from brisk.worker.sampler import _filter
+
+    logits = torch.full((1, 40), -5.0)
+    logits[0, [4, 9, 17]] = 3.0
+    logits[0, [21, 22, 30]] = 1.0
+    kept = {
+        k: set(
+            torch.nonzero(_filter(logits.clone(), [SamplingParams(top_k=k)], logits.device)[0] > -1e30)
+            .flatten()
+            .tolist()
+        )
+        for k in (1, 3, 4, 6)
+    }
+    assert kept == {1: {4, 9, 17}, 3: {4, 9, 17}, 4: {4, 9, 17, 21, 22, 30}, 6: {4, 9, 17, 21, 22, 30}}
