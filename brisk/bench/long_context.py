@@ -108,7 +108,4 @@ def print_table(data: dict) -> None:
         rows.append([name, r.get("prefill_s"), r.get("prefill_tok_s"), r.get("decode_tok_s"), "", ""])
     headers = ["run", "prefill s", "prefill tok/s", "decode tok/s", "prefix hit (min)", "exact lens"]
     print(report.table(headers, rows))
-    for key, value in data["ratios"].items():
-        print(f"{key}: {value:.2f}x")
-    if peer.get("caveat"):
-        print(f"note: {peer['caveat']}")
+    report.print_ratios(data)

@@ -167,11 +167,17 @@ def print_results(data: dict, headers: list[str], row: Callable[[dict], list], p
     if peer_row is not None:
         rows.append([f"{peer.get('engine') or 'peer'} {peer.get('version') or ''} (peer json)".strip(), *peer_row])
     print(table(headers, rows))
+    print_ratios(data)
+
+
+def print_ratios(data: dict) -> None:
+    """The report's ratios, then the peer's caveat (a different model), if any."""
     for key, value in data["ratios"].items():
         if value is not None:
             print(f"{key}: {value:.2f}x")
-    if peer.get("caveat"):
-        print(f"note: {peer['caveat']}")
+    caveat = (data.get("peer") or {}).get("caveat")
+    if caveat:
+        print(f"note: {caveat}")
 
 
 def ratio(a, b) -> float | None:

@@ -48,6 +48,7 @@ from typing import Any
 
 from brisk.engine import core_process
 from brisk.engine.request_stream import ACCEPTED, RequestStream
+from brisk.engine.tokenizer import load_tokenizer
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
@@ -588,12 +589,7 @@ class _TokenizerPreload:
             return None
         if path == self._guess and self._tokenizer is not None:
             return self._tokenizer
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except (OSError, ValueError, TypeError) as exc:
-            raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+        return load_tokenizer(path)
 
 
 def _guess_tokenizer_path(engine_args: Any) -> str | None:

@@ -26,6 +26,7 @@ from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
+from brisk.engine.tokenizer import load_tokenizer
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
@@ -34,14 +35,6 @@ from brisk.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutp
 logger = logging.getLogger(__name__)
 
 EngineStats = SchedulerStats
-
-
-class InvalidRequestError(ValueError):
-    """A request the engine refuses; ``param`` names the field to change (the server's 400 names it)."""
-
-    def __init__(self, message: str, param: str = "prompt"):
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass
@@ -83,7 +76,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
-        self.tokenizer = self._load_tokenizer(
+        self.tokenizer = load_tokenizer(
             args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
@@ -173,18 +166,6 @@ class LLMEngine:
         return cls(args)
 
     # ---- startup ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _load_tokenizer(path, optional: bool):
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
-            if optional:
-                logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
-                return None
-            raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
-
     def _eos_token_ids(self, path, hf_config) -> frozenset[int]:
         ids: set[int] = set()
         gen_config = path / "generation_config.json"
@@ -285,9 +266,9 @@ class LLMEngine:
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
-            raise InvalidRequestError("The prompt is empty: give at least one token.")
+            raise ValueError("The prompt is empty: give at least one token.")
         if len(token_ids) >= self.max_model_len:
-            raise InvalidRequestError(
+            raise ValueError(
                 f"The prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}: it must be "
                 f"shorter (at least one token must be left to generate). Shorten the prompt or raise max_model_len."
             )
@@ -298,7 +279,7 @@ class LLMEngine:
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             where = "" if param == "prompt" else f" in {param}"
-            raise InvalidRequestError(f"Token id {bad}{where} is outside the vocabulary [0, {vocab}).", param)
+            raise ValueError(f"Token id {bad}{where} is outside the vocabulary [0, {vocab}).")
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         if isinstance(request_ids, str):

@@ -272,7 +272,7 @@ class OpenAIServing:
         try:
             return await self.engine.add_request(request_id, prompt_ids, params, arrival_time=time.time())
         except ValueError as exc:
-            raise bad_request(str(exc), param=getattr(exc, "param", "prompt")) from exc
+            raise bad_request(str(exc), param="prompt") from exc
         except QueueFullError as exc:
             raise OpenAIError(str(exc), status_code=503, code="server_overloaded") from exc
         except EngineDeadError as exc:
