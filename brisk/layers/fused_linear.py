@@ -11,11 +11,11 @@ from types import ModuleType
 
 import torch
 
+from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.activation import SiluAndMul
 from brisk.layers.fused import gemv_ops_for
 from brisk.layers.linear import LinearBase, RowParallelLinear, UnquantizedLinearMethod
 from brisk.layers.norm import RMSNorm
-from brisk.worker.parallel import get_tp_size
 
 
 def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> ModuleType | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from brisk.distributed.parallel_state import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 from brisk.layers.fused import dense
-from brisk.worker.parallel import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 
 
 def check_loaded_shape(loaded: torch.Tensor, expected: tuple[int, ...]) -> None:

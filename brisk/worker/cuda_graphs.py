@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from brisk.worker.forward_context import set_forward_context
+from brisk.forward_context import set_forward_context
 from brisk.worker.input_buffers import InputBuffers
 
 logger = logging.getLogger(__name__)

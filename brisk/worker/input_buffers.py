@@ -27,13 +27,6 @@ import torch
 from brisk.layers.attention.backend import AttentionMetadata
 
 
-def to_device_async(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on the device without blocking the host (pinned staging memory on GPUs)."""
-    if device.type == "cpu":
-        return torch.tensor(values, dtype=dtype)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
-
-
 class StepInputs(NamedTuple):
     """Views of the staging array, laid out for one step, that the host fills."""
 

@@ -14,14 +14,15 @@ import numpy as np
 import torch
 
 from brisk.config import ModelConfig
+from brisk.device_transfer import to_device_async
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
 from brisk.engine.step_timer import StepTimer
+from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.worker.cuda_graphs import DecodeGraphs
-from brisk.worker.forward_context import set_forward_context
-from brisk.worker.input_buffers import InputBuffers, to_device_async
+from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
 logger = logging.getLogger(__name__)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
+from brisk.device_transfer import to_device_async
 from brisk.engine.request import Request
 from brisk.outputs import Logprob, PositionLogprobs
 from brisk.sampling_params import SamplingParams
-from brisk.worker.input_buffers import to_device_async
 
 
 @dataclass

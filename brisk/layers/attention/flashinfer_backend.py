@@ -18,8 +18,8 @@ import itertools
 import flashinfer
 import torch
 
+from brisk.device_transfer import to_device_async
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
-from brisk.worker.input_buffers import to_device_async
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's recommended split-KV workspace
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from brisk.forward_context import get_attn_metadata
 from brisk.layers.attention import get_attn_impl_cls
 from brisk.layers.rotary import RotaryEmbedding
-from brisk.worker.forward_context import get_attn_metadata
 
 
 class Attention(nn.Module):

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from brisk.layers.attention.backend import AttentionMetadata
+if TYPE_CHECKING:
+    from brisk.layers.attention.backend import AttentionMetadata
 
 _METADATA: AttentionMetadata | None = None
 
