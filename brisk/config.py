@@ -27,6 +27,8 @@ class EngineArgs:
 
     model: str
     tokenizer: str | None = None
+    revision: str | None = None  # hub ids: a branch, tag or commit (default: main)
+    download_dir: str | None = None  # hub ids: download here instead of the Hugging Face cache
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -98,6 +100,8 @@ class EngineArgs:
 
 _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "tokenizer": ((str, Path), "a path or a name"),
+    "revision": ((str,), "a string"),
+    "download_dir": ((str, Path), "a path"),
     **{name: ((str,), "a string") for name in ("dtype", "device", "load_format", "attention_backend")},
     **{
         name: ((int,), "an integer")

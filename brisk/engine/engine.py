@@ -70,7 +70,12 @@ class LLMEngine:
             )
         from brisk.loader.resolve import resolve_model
 
-        path = resolve_model(str(args.model), preferred_dtype(args.dtype, self.device))
+        path = resolve_model(
+            str(args.model),
+            preferred_dtype(args.dtype, self.device),
+            revision=args.revision,
+            download_dir=args.download_dir,
+        )
         hf_config = read_hf_config(path)
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)

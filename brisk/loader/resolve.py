@@ -5,7 +5,8 @@
 1. a folder with ``config.json`` (an HF checkpoint): returned as is;
 2. a ``.gguf`` file: converted once into the cache (dequantized into ``dtype``), then reused;
 3. a known name (``KNOWN_MODELS``): a GGUF shipped inside a pip package, checksum-verified, converted once;
-4. a Hugging Face hub id ``org/name``: looked up in the local HF cache only (there is no network).
+4. a Hugging Face hub id ``org/name``: downloaded with ``huggingface_hub`` into its cache (or ``download_dir``),
+   only the files brisk reads (config, safetensors, tokenizer, generation config); offline, the cached copy.
 
 Converted models live in ``$BRISK_CACHE_DIR`` (default ``~/.cache/brisk/models``) as
 ``<sha256-prefix>-<dtype>/``. A conversion is written into a temporary folder next to it and renamed into
@@ -115,11 +116,18 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 # -------------------------------------------------------------------------------------------------------
 
 
-def resolve_model(model: str | os.PathLike, dtype: torch.dtype | str = torch.bfloat16) -> Path:
+def resolve_model(
+    model: str | os.PathLike,
+    dtype: torch.dtype | str = torch.bfloat16,
+    *,
+    revision: str | None = None,
+    download_dir: str | os.PathLike | None = None,
+) -> Path:
     """A local HF-style folder (config.json, safetensors, tokenizer files) for ``model``.
 
     ``dtype`` is the dtype GGUF weights are dequantized into (it is ignored for HF folders, whose weights
-    are used as stored). Raises ``FileNotFoundError`` with the accepted forms when nothing matches, and
+    are used as stored). ``revision`` (a branch, tag or commit) and ``download_dir`` (instead of the Hugging Face
+    cache) apply to hub ids. Raises ``FileNotFoundError`` with the accepted forms when nothing matches, and
     ``ValueError`` for a checksum mismatch or an unsupported GGUF.
     """
     dtype = _as_dtype(dtype)
@@ -156,7 +164,7 @@ def resolve_model(model: str | os.PathLike, dtype: torch.dtype | str = torch.bfl
         return resolve_known(known, dtype)
 
     if _HUB_ID.fullmatch(text):
-        return _resolve_hub(text, dtype)
+        return _resolve_hub(text, dtype, revision, download_dir)
 
     raise FileNotFoundError(
         _accepted_forms(f"Unknown model {text!r}: no such folder or file, and not a known name.")
@@ -401,41 +409,79 @@ def _accepted_forms(reason: str) -> str:
         "  - a local Hugging Face checkpoint folder (with config.json and *.safetensors)\n"
         "  - a path to a .gguf file (llama or qwen2 architecture; converted once into "
         f"{cache_dir()})\n"
-        "  - a Hugging Face hub id org/name that is already in the local Hugging Face cache "
-        "(there is no network access here, nothing is downloaded)\n"
+        "  - a Hugging Face hub id org/name (downloaded once into the Hugging Face cache)\n"
         f"  - a known name (default: {DEFAULT_MODEL}):\n{names}"
     )
 
 
-def _resolve_hub(repo_id: str, dtype: torch.dtype) -> Path:
-    """Look ``org/name`` up in the local HF cache; never touches the network."""
-    folder: Path | None = None
-    try:
-        from huggingface_hub import snapshot_download
+# What brisk reads from a hub checkpoint; pickled weights (*.bin, *.pt), other formats and GGUF quantizations
+# are left on the hub.
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt", "*.jinja"]
 
-        folder = Path(snapshot_download(repo_id, local_files_only=True))
-    except Exception:  # any hub error means "not available locally"
-        folder = None
+
+def _resolve_hub(
+    repo_id: str, dtype: torch.dtype, revision: str | None, download_dir: str | os.PathLike | None
+) -> Path:
+    """Download ``org/name`` (only :data:`HUB_FILE_PATTERNS`) with ``huggingface_hub``, which honours ``HF_TOKEN``,
+    ``HF_ENDPOINT``, ``HF_HUB_OFFLINE`` and its cache; a copy already in the cache is used when the hub cannot be
+    reached. Every failure is a ``FileNotFoundError`` that says what to do, without the hub's stack trace."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     hint = ""
     for m in KNOWN_MODELS.values():
         if m.hf_id.lower() == repo_id.lower():
-            hint = f"\nA quantized GGUF of this model is available offline as the known name {m.name!r}."
-    if folder is None or not folder.is_dir():
-        raise FileNotFoundError(
-            _accepted_forms(
-                f"{repo_id!r} looks like a Hugging Face hub id, but it is not in the local Hugging Face "
-                "cache and there is no network access to download it (nor is there a local folder of that "
-                "name)." + hint
+            hint = f" A quantized GGUF of this model is available without the hub as the known name {m.name!r}."
+    where = f" at revision {revision!r}" if revision else ""
+    try:
+        folder = Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                cache_dir=os.fspath(download_dir) if download_dir is not None else None,
+                allow_patterns=HUB_FILE_PATTERNS,
             )
         )
-    if (folder / "config.json").is_file():
-        return folder
-    ggufs = sorted(folder.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return convert_cached([ggufs[0]], dtype)
-    several = f" and several .gguf files ({', '.join(p.name for p in ggufs)}): pass the path of one"
-    raise FileNotFoundError(
-        f"The local Hugging Face cache copy of {repo_id!r} ({folder}) has no config.json"
-        + (several if ggufs else "")
-        + "."
-    )
+    except RevisionNotFoundError:
+        message = f"{repo_id!r} has no revision {revision!r} on the Hugging Face hub ({constants.ENDPOINT})."
+    except GatedRepoError:
+        message = (
+            f"{repo_id!r} is a gated model: accept its terms on the hub, then set HF_TOKEN to a token of that "
+            "account."
+        )
+    except RepositoryNotFoundError:
+        message = (
+            f"{repo_id!r} was not found on the Hugging Face hub ({constants.ENDPOINT}), or it is private: check "
+            "the name, or set HF_TOKEN to a token that can read it."
+        )
+    except LocalEntryNotFoundError as e:
+        if constants.HF_HUB_OFFLINE:
+            message = (
+                f"{repo_id!r}{where} is not in the local Hugging Face cache ({download_dir or constants.HF_HUB_CACHE})"
+                " and HF_HUB_OFFLINE is set, so nothing is downloaded: unset HF_HUB_OFFLINE on a machine with "
+                "network access, or copy the model's folder here and pass its path."
+            )
+        else:
+            reason = str(e.__cause__ or e).splitlines()[0]
+            message = (
+                f"{repo_id!r}{where} is not in the local Hugging Face cache ({download_dir or constants.HF_HUB_CACHE})"
+                f" and the hub at {constants.ENDPOINT} could not be reached to download it ({reason}): this "
+                "machine looks offline (no network). Download it where there is network (huggingface-cli download "
+                f"{repo_id}) and pass the folder, or set HF_ENDPOINT to a reachable mirror."
+            )
+    except HfHubHTTPError as e:
+        message = f"Downloading {repo_id!r}{where} from the Hugging Face hub failed: {str(e).splitlines()[0]}"
+    else:
+        if (folder / "config.json").is_file():
+            return folder
+        message = (
+            f"{repo_id!r}{where} has no config.json, so it is not a Hugging Face checkpoint brisk can load; for a "
+            "GGUF repository, download the .gguf file you want and pass its path."
+        )
+    raise FileNotFoundError(_accepted_forms(message + hint))

@@ -60,7 +60,11 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         "-m",
         default=DEFAULT_MODEL,
-        help=f"An HF folder, a .gguf file, a known name or an org/name in the HF cache (default: {DEFAULT_MODEL}).",
+        help=f"An HF folder, a .gguf file, a known name or a hub id org/name (default: {DEFAULT_MODEL}).",
+    )
+    parser.add_argument("--revision", default=None, help="Hub ids: the branch, tag or commit (default: main).")
+    parser.add_argument(
+        "--download-dir", default=None, help="Hub ids: download here (default: the Hugging Face cache)."
     )
     parser.add_argument(
         "--system", default=None, help="A system message (default: the chat template's own, if it has one)."
@@ -89,7 +93,12 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--stop", action="append", default=None, metavar="TEXT", help="Stop at this text (repeatable; not shown)."
     )
-    g.add_argument("--seed", type=int, default=None, help="Sampling seed, for reproducible samples (default: random).")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="Sampling seed (default: none: the engine's generator, seeded with 0 at start, so a fresh run repeats).",
+    )
     g.add_argument("--ignore-eos", action="store_true", help="Keep generating past the end-of-sequence token.")
 
 
@@ -171,7 +180,12 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
     device = resolve_device(engine_args.device)
     if device.type != "cpu":
         return None
-    path = resolve_model(engine_args.model, preferred_dtype(engine_args.dtype, device))
+    path = resolve_model(
+        engine_args.model,
+        preferred_dtype(engine_args.dtype, device),
+        revision=engine_args.revision,
+        download_dir=engine_args.download_dir,
+    )
     hf_config = read_hf_config(path)
     dtype = resolve_dtype(engine_args.dtype, hf_config, device)
     config = ModelConfig.from_hf_config(path, hf_config, dtype, engine_args.max_model_len)
@@ -201,6 +215,8 @@ def engine_args_from_args(args: argparse.Namespace):
         raise ValueError(f"--threads must be a positive integer, got {args.threads}.")
     engine_args = EngineArgs(
         model=args.model,
+        revision=args.revision,
+        download_dir=args.download_dir,
         device=args.device,
         dtype=args.dtype,
         max_model_len=args.max_model_len,

@@ -12,6 +12,8 @@ import re
 # The EngineArgs fields these flags set, in the order they are passed on.
 ENGINE_FLAGS = (
     "tokenizer",
+    "revision",
+    "download_dir",
     "dtype",
     "device",
     "max_model_len",
@@ -55,6 +57,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     """The flags of ``ENGINE_FLAGS``, in an argument group called ``title``; each defaults to ``None`` (not given)."""
     g = parser.add_argument_group(title)
     g.add_argument("--tokenizer", default=None, help="Tokenizer folder or name (default: the model's).")
+    g.add_argument("--revision", default=None, help="Hub ids: the branch, tag or commit (default: main).")
+    g.add_argument("--download-dir", default=None, help="Hub ids: download here (default: the Hugging Face cache).")
     g.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16 (default: auto).")
     g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: auto).")
     g.add_argument("--max-model-len", type=positive_int, default=None, help="Context length (prompt + output).")
