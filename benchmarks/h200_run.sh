@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
 # Reproduces brisk's H200 table (docs/benchmarks.md): GPU correctness tests, then W1, W2, W3, W4 and W7 on the
 # Llama-3.1-8B shape with random weights, then W5 online through `brisk serve` (the 8B shape with the SmolLM2
-# vocabulary and tokenizer, as shared/peers/serve_anchor.sh does for vLLM). Run it on the H200 right after vLLM's anchor in the same call
-# (shared/peers/README.md), so that $OUT/vllm_anchor.json is there and every figure gets its vLLM ratio:
-#   bash .carry/vllm026/scripts/stage.sh 2 && bash .carry/vllm026/scripts/stage.sh install \
-#     && bash .carry/vllm026/scripts/run.sh; BRISK_COMMIT=<sha> bash benchmarks/h200_run.sh
-# Missing Python packages travel as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder, apart
-# from vLLM's.
+# vocabulary and tokenizer). For an offline GPU machine: run vLLM's figures first in the same session, so that
+# $OUT/vllm_anchor.json (the --peer-json format of docs/benchmarks.md) is there and every figure gets its vLLM
+# ratio; $OUT is the folder results go to. Then: BRISK_COMMIT=<sha> bash benchmarks/h200_run.sh
+# Missing Python packages can come as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder.
 # Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
 # BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
 # C with N prompts; default the W5 points "1:16 16:160 64:384 256:768"), BRISK_SERVE_INPUT_LEN (1024),
-# BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (default: the first SmolLM2 tokenizer folder found, see below),
+# BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (a folder with SmolLM2's tokenizer; default .scratch/smollm2-tokenizer),
 # BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
 # BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
 # BRISK_SERVE_READY_TIMEOUT (600 s). A CPU dry run of the serve stage alone:
@@ -51,15 +49,9 @@ PEER_W4=()
 # $OUT/brisk_w5_c{C}.json, client output: $OUT/brisk_w5_c{C}.log), then SIGTERM and wait. A server that does not come
 # up costs at most BRISK_SERVE_READY_TIMEOUT: the client stops at once when the server process exits.
 serve_stage() {
-    local port=${BRISK_SERVE_PORT:-8011} model=/tmp/brisk-serve-model tok=${BRISK_SERVE_TOKENIZER:-} cand
-    if [ -z "$tok" ]; then
-        for cand in .carry/vllm026/scripts/smollm2-tokenizer shared/peers/smollm2-tokenizer \
-            ../shared/peers/smollm2-tokenizer .scratch/smollm2-tokenizer; do
-            [ -f "$cand/tokenizer.json" ] && { tok=$cand; break; }
-        done
-    fi
-    if [ -z "$tok" ] || [ ! -d "$tok" ]; then
-        echo "serve stage skipped: no SmolLM2 tokenizer folder (carry .carry/vllm026/scripts or set BRISK_SERVE_TOKENIZER)"
+    local port=${BRISK_SERVE_PORT:-8011} model=/tmp/brisk-serve-model tok=${BRISK_SERVE_TOKENIZER:-.scratch/smollm2-tokenizer}
+    if [ ! -f "$tok/tokenizer.json" ]; then
+        echo "serve stage skipped: no SmolLM2 tokenizer in $tok (set BRISK_SERVE_TOKENIZER to a folder with its tokenizer.json)"
         return 0
     fi
     local vocab=()

@@ -1,7 +1,8 @@
-"""The engines a benchmark can drive: brisk's ``LLM`` and HF transformers ``generate`` (the in-process peer).
+"""The engines a benchmark can drive: brisk's ``LLM``, HF transformers ``generate`` (the in-process reference)
+and an installed vLLM's ``LLM`` (the peer to beat).
 
-Both expose ``run(prompts, output_lens, temperature) -> RunResult``: one timed call over all the prompts, with
-exact output lengths (brisk: ``ignore_eos``; HF: no EOS token in the generation config).
+Each exposes ``run(prompts, output_lens, temperature) -> RunResult``: one timed call over all the prompts, with
+exact output lengths (brisk and vLLM: ``ignore_eos``; HF: no EOS token in the generation config).
 """
 
 from __future__ import annotations
@@ -206,6 +207,65 @@ class HFBackend:
         self.model = None
 
 
+class VLLMBackend:
+    """vLLM's offline ``LLM`` on the same token ids, in the same engine process layout vLLM chooses itself; the
+    engine flags vLLM shares with brisk (:data:`VLLM_ENGINE_FLAGS`) carry over under the same names."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, engine_kwargs: dict, brisk_only_flags: tuple[str, ...] = ()):
+        try:
+            import vllm
+        except ImportError as exc:
+            raise RuntimeError(
+                f"--backend vllm needs vLLM installed in this Python environment (pip install vllm): {exc}"
+            ) from None
+        from transformers import AutoConfig
+
+        start = time.perf_counter()
+        folder = Path(model)
+        has_tokenizer = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+        kwargs = {k: engine_kwargs[k] for k in VLLM_ENGINE_FLAGS if k in engine_kwargs}
+        if "tokenizer" not in kwargs and not has_tokenizer:
+            kwargs["skip_tokenizer_init"] = True  # config-only shapes: the workloads send token ids
+        self.llm = vllm.LLM(model=model, **kwargs)
+        self.version = vllm.__version__
+        config = AutoConfig.from_pretrained(folder) if folder.is_dir() else None
+        self.vocab_size = int(config.vocab_size) if config is not None else 0
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.engine_args = kwargs
+        self.brisk_only_flags = list(brisk_only_flags)
+        self.init_s = time.perf_counter() - start
+
+    def describe(self) -> dict:
+        return {
+            "engine_init_s": round(self.init_s, 3),
+            "vllm": self.version,
+            "engine_args": self.engine_args,
+            "max_model_len": self.max_model_len,
+            "brisk_only_flags_not_applied": self.brisk_only_flags,
+        }
+
+    def run(self, prompts: list[list[int]], output_lens: list[int], temperature: float) -> RunResult:
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, detokenize=False)
+            for n in output_lens
+        ]
+        start = time.perf_counter()
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        counts = [len(o.outputs[0].token_ids) for o in outputs]
+        return RunResult(wall, counts, sum(counts))
+
+    def warmup(self) -> float:
+        return _warmup(self)
+
+    def close(self) -> None:
+        self.llm = None
+
+
 def _warmup(backend) -> float:
     """The recipe's warm-up: 4 prompts of 16, 64, 200 and 700 ids, 32 tokens, sampled then greedy (under a short
     max_model_len, prompts and outputs are cut to fit in it)."""
@@ -219,14 +279,35 @@ def _warmup(backend) -> float:
     return time.perf_counter() - start
 
 
-# The engine flags HF transformers' backend applies; the others configure brisk's engine alone.
+# The engine flags each peer applies; the others configure brisk's engine alone.
 HF_ENGINE_FLAGS = ("dtype", "device", "load_format", "seed", "max_model_len")
+VLLM_ENGINE_FLAGS = (
+    "tokenizer",
+    "revision",
+    "download_dir",
+    "dtype",
+    "load_format",
+    "seed",
+    "max_model_len",
+    "block_size",
+    "enable_prefix_caching",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "gpu_memory_utilization",
+    "kv_cache_memory_bytes",
+    "enforce_eager",
+    "async_scheduling",
+)
+PEER_ENGINE_FLAGS = {"brisk": None, "hf": HF_ENGINE_FLAGS, "vllm": VLLM_ENGINE_FLAGS}  # None: every flag
 
 
-def make_backend(name: str, model: str, engine_kwargs: dict, hf_batch_size: int, brisk_only_flags=()):
+def make_backend(name: str, model: str, engine_kwargs: dict, hf_batch_size: int, not_applied=()):
+    """The backend ``name`` on ``model``; ``not_applied`` are the given flags it has no counterpart for."""
     if name == "brisk":
         return BriskBackend(model, engine_kwargs)
     if name == "hf":
         kwargs = {k: engine_kwargs[k] for k in HF_ENGINE_FLAGS if k in engine_kwargs}
-        return HFBackend(model, **kwargs, batch_size=hf_batch_size, brisk_only_flags=tuple(brisk_only_flags))
-    raise ValueError(f"Unknown backend {name!r}; choose brisk or hf.")
+        return HFBackend(model, **kwargs, batch_size=hf_batch_size, brisk_only_flags=tuple(not_applied))
+    if name == "vllm":
+        return VLLMBackend(model, engine_kwargs, tuple(not_applied))
+    raise ValueError(f"Unknown backend {name!r}; choose brisk, hf or vllm.")

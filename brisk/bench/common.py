@@ -1,5 +1,5 @@
-"""What the offline benchmarks share: engine flags, the model argument, and running each backend in a process
-of its own when several are compared (so one engine's GPU memory never squeezes the next)."""
+"""What the offline benchmarks share: engine flags, the model argument, the backends, and running each backend in a
+process of its own when several are compared (so one engine's GPU memory never squeezes the next)."""
 
 from __future__ import annotations
 
@@ -41,26 +41,31 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def brisk_only_flags(args: argparse.Namespace) -> list[str]:
-    """The engine flags given on the command line that HF transformers' backend has no counterpart for."""
-    from brisk.bench.backends import HF_ENGINE_FLAGS
+def flags_not_applied(args: argparse.Namespace, backend: str) -> list[str]:
+    """The engine flags given on the command line that ``backend`` (a peer) has no counterpart for."""
+    from brisk.bench.backends import PEER_ENGINE_FLAGS
 
+    applied = PEER_ENGINE_FLAGS[backend]
     given = shared_engine_args.engine_kwargs(args)
-    return [f"--{name.replace('_', '-')}" for name in given if name not in HF_ENGINE_FLAGS]
+    return [f"--{name.replace('_', '-')}" for name in given if applied is not None and name not in applied]
 
 
 def check_engine_flags(args: argparse.Namespace) -> None:
-    """Before anything runs: the engine flags make valid ``EngineArgs``, and ``--backend hf`` alone is given none
-    that only brisk's engine takes (with ``--backend both`` they go to brisk, and HF's result lists them)."""
+    """Before anything runs: the engine flags make valid ``EngineArgs``, and a peer run alone is given none that
+    only brisk's engine takes (beside brisk they go to brisk, and the peer's result lists them)."""
     from brisk.config import EngineArgs
 
     EngineArgs(model=args.model, **engine_kwargs(args)).validate()
-    flags = brisk_only_flags(args)
-    if getattr(args, "backend", "brisk") == "hf" and flags:
-        raise ValueError(
-            f"--backend hf does not take {', '.join(flags)}: they set brisk's engine. Drop them, or use "
-            "--backend both to give them to brisk."
-        )
+    backends = backends_of(args)
+    if "brisk" in backends:
+        return
+    for backend in backends:
+        flags = flags_not_applied(args, backend)
+        if flags:
+            raise ValueError(
+                f"--backend {backend} does not take {', '.join(flags)}: they set brisk's engine. Drop them, or "
+                f"add brisk (--backend brisk,{backend}) to give them to brisk."
+            )
 
 
 @contextlib.contextmanager
@@ -70,7 +75,8 @@ def open_backend(args: argparse.Namespace, backend_name: str, hf_batch_size: int
     from brisk.bench.backends import make_backend
 
     with configs.materialize(args.model) as model:
-        backend = make_backend(backend_name, model, engine_kwargs(args), hf_batch_size, brisk_only_flags(args))
+        not_applied = flags_not_applied(args, backend_name)
+        backend = make_backend(backend_name, model, engine_kwargs(args), hf_batch_size, not_applied)
         yield backend
         backend.close()
 
@@ -92,8 +98,23 @@ def finish(bench: str, args: argparse.Namespace, config: dict, results: dict, pr
     return 0 if all("error" not in r for r in results.values()) else 1
 
 
+BACKENDS = ("brisk", "hf", "vllm")
+
+
+def parse_backends(text: str) -> list[str]:
+    """``--backend``: one of :data:`BACKENDS`, several joined by commas (``brisk,vllm``), or ``both`` (brisk,hf)."""
+    names = ["brisk", "hf"] if text == "both" else [name.strip().lower() for name in text.split(",")]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(BACKENDS)}, several joined by commas (brisk,vllm), or both; got {text!r}"
+        )
+    return names
+
+
 def backends_of(args: argparse.Namespace) -> list[str]:
-    return ["brisk", "hf"] if args.backend == "both" else [args.backend]
+    backend = getattr(args, "backend", "brisk")  # benchmarks without --backend run brisk alone
+    return list(backend) if isinstance(backend, list) else parse_backends(backend)
 
 
 # A backend's run in a child process; an error that says what to change becomes the backend's result.

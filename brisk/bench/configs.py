@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-# The peers recipe (shared/peers/anchor.py): Llama-3.1-8B's config.json, bf16.
+# The recipe of the offline workloads (docs/benchmarks.md): Llama-3.1-8B's config.json, bf16.
 LLAMA31_8B_CONFIG: dict = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -48,7 +48,7 @@ LLAMA31_8B_CONFIG: dict = {
     "vocab_size": 128256,
 }
 
-# The online anchor (shared/peers/serve_anchor.sh): the same shape with the SmolLM2 tokenizer's vocabulary, so
+# The online workloads (W5, W6): the same shape with the SmolLM2 tokenizer's vocabulary, so
 # server and client share a real tokenizer (copy its files in with ``brisk bench write-config --tokenizer``).
 LLAMA31_8B_SMOLLM2_VOCAB_CONFIG: dict = {
     "architectures": ["LlamaForCausalLM"],

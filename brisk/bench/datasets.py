@@ -1,4 +1,4 @@
-"""The benchmark workloads as token ids, built exactly as the peers recipe builds them (shared/peers/README.md).
+"""The benchmark workloads as token ids, built exactly as the published recipe (docs/benchmarks.md).
 
 Ids come from ``numpy.random.default_rng``, in [0, 10000); W1 uses seed 0, W2 seed 1, W3 seed 2, W4 seed 3. The same
 prompts give the same fingerprint as vLLM's anchor run, so brisk and vLLM figures are over identical requests.
@@ -25,7 +25,7 @@ WARMUP_OUTPUT_LEN = 32
 
 # Pinned fingerprints of the full recipes (vLLM's anchor reports the same).
 FINGERPRINTS = {"W1": "c64d310445788388", "W2": "4b412bb5cc3c82e3"}
-# Token totals of the full W1 recipe (peers README).
+# Token totals of the full W1 recipe.
 W1_INPUT_TOKENS, W1_OUTPUT_TOKENS = 145_208, 142_892
 
 

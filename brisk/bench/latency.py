@@ -76,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
     peer_w3 = ((peer or {}).get("W3") or {}) if is_w3 else {}
     brisk_tok_s = results.get("brisk", {}).get("decode_tok_s_median")
     ratios = {}
-    if "hf" in results:
-        ratios["brisk_over_hf_decode_tok_s"] = report.ratio(brisk_tok_s, results["hf"].get("decode_tok_s_median"))
+    for peer_name in ("hf", "vllm"):
+        if peer_name in results:
+            ratios[f"brisk_over_{peer_name}_decode_tok_s"] = report.ratio(
+                brisk_tok_s, results[peer_name].get("decode_tok_s_median")
+            )
     if peer_w3.get("decode_tok_s_median"):
         ratios["brisk_over_peer_decode_tok_s"] = report.ratio(brisk_tok_s, peer_w3["decode_tok_s_median"])
     config = {"model": args.model, "backends": backends_of(args), "engine_args": engine_kwargs(args)}

@@ -4,7 +4,7 @@ Per batch size (1, then 8): a one-token request on each prompt with its last id 
 (and leaves all of each but its last block in the prefix cache); then the prompts themselves, ``output_len``
 tokens each, time decoding at that context. prefill tok/s = batch * input_len / wall of the first run; decode
 tok/s = output tokens / wall of the second (whose prefill is the last block alone). The recipe is
-``shared/peers/anchor.py``'s, so the figures line up with vLLM's W4.
+the recipe vLLM's W4 figures were measured with, so they line up.
 """
 
 from __future__ import annotations

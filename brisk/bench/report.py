@@ -128,7 +128,7 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def load_peer(path: str | None) -> dict | None:
-    """A vLLM anchor JSON (shared/peers/anchor.py's vllm_anchor.json), or None."""
+    """vLLM's figures from another run (``--peer-json``; format in docs/benchmarks.md), or None."""
     if not path:
         return None
     data = json.loads(Path(path).read_text())

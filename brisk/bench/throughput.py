@@ -70,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     peer_tok_s = ((peer or {}).get(base) or {}).get("output_tok_s") if workload.fingerprint_expected else None
     brisk_tok_s = results.get("brisk", {}).get("output_tok_s")
     ratios = {}
-    if "hf" in results:
-        ratios["brisk_over_hf_output_tok_s"] = report.ratio(brisk_tok_s, results["hf"].get("output_tok_s"))
+    for peer_name in ("hf", "vllm"):
+        if peer_name in results:
+            ratios[f"brisk_over_{peer_name}_output_tok_s"] = report.ratio(
+                brisk_tok_s, results[peer_name].get("output_tok_s")
+            )
     if peer_tok_s is not None:
         ratios["brisk_over_peer_output_tok_s"] = report.ratio(brisk_tok_s, peer_tok_s)
     summary = {

@@ -1,6 +1,7 @@
 """`brisk bench throughput / latency / long-context / startup` end to end on a tiny config-only llama (random
 weights, CPU)."""
 
+import importlib.util
 import json
 
 import pytest
@@ -173,6 +174,28 @@ def test_hf_backend_flags(config_only_llama, tmp_path, capsys):
     data = _run([*argv, *small, "--backend", "both", "--block-size", "32", "--hf-batch-size", "2"], tmp_path)
     assert data["results"]["hf"]["engine"]["brisk_only_flags_not_applied"] == ["--block-size"]
     assert data["results"]["brisk"]["engine"]["block_size"] == 32 and data["config"]["hf_batch_size"] == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_backend_without_vllm(config_only_llama, tmp_path, capsys):
+    """--backend vllm drives an installed vLLM; without one, each way of asking for it says so, and brisk's own
+    figure beside it still comes back."""
+    argv = ["bench", "throughput", "--model", config_only_llama, "--load-format", "dummy", "--workload", "W2"]
+    small = ["--num-prompts", "2", "--input-len", "8", "--output-len", "2"]
+    assert main([*argv, *small, "--backend", "vllm"]) == 1
+    assert "--backend vllm needs vLLM installed" in capsys.readouterr().err
+    small.extend(["--device", "cpu"])
+    # vLLM alone refuses brisk-only flags (--device: vLLM picks its platform), and bad names are usage errors.
+    assert main([*argv, *small, "--backend", "vllm", "--block-size", "32"]) == 1
+    assert "--backend vllm does not take --device" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, *small, "--backend", "brisk,sglang"])
+    out = tmp_path / "r.json"
+    assert main([*argv, *small, "--backend", "brisk,vllm", "--block-size", "32", "--output-json", str(out)]) == 1
+    data = json.loads(out.read_text())
+    assert data["results"]["brisk"]["output_tokens"] == 4 and data["results"]["brisk"]["engine"]["block_size"] == 32
+    assert "needs vLLM installed" in data["results"]["vllm"]["error"]
+    assert data["ratios"] == {"brisk_over_vllm_output_tok_s": None}
 
 
 def test_backend_errors_in_child_processes_are_reported(config_only_llama, tmp_path, capfd):

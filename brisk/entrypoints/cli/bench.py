@@ -62,16 +62,20 @@ def _add_model_and_engine(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_offline(parser: argparse.ArgumentParser, batch_help: str) -> None:
+    from brisk.bench.common import parse_backends
+
     parser.add_argument(
         "--backend",
-        choices=["brisk", "hf", "both"],
+        type=parse_backends,
         default="brisk",
-        help="brisk, HF transformers generate (in-process peer), or both (each in its own process, with the ratio).",
+        help="brisk, hf (transformers generate), vllm (an installed vLLM), several joined by commas (brisk,vllm), "
+        "or both (brisk,hf); several run one after another, each in its own process, and print brisk's ratios.",
     )
     parser.add_argument(
         "--peer-json",
         default=None,
-        help="A vLLM anchor JSON (shared/peers: vllm_anchor.json): print its figure and brisk's ratio to it.",
+        help='vLLM\'s figures from another run, as JSON {"W1": {"output_tok_s": N}, "W2": ..., "W3": '
+        '{"decode_tok_s_median": N}}: print them and brisk\'s ratio.',
     )
     _add_model_and_engine(parser)
     if batch_help:
@@ -127,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--peer-json",
         default=None,
-        help="A vLLM anchor JSON with W4 (shared/peers: VLLM_ANCHOR_ONLY=W4): its figures and brisk's ratios.",
+        help='vLLM\'s W4 figures from another run, as JSON {"W4": {...}} (docs/benchmarks.md): ratios to them.',
     )
     _add_model_and_engine(p)
     p.set_defaults(func=_long_context)
