@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+
+from brisk.structured_outputs import StructuredOutputsParams
 
 _MAX_LOGPROBS = 20
 _MAX_N = 128
@@ -29,6 +32,12 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     detokenize: bool = True
+    # Logits processors (vLLM's names): a bias added to chosen tokens' logits (OpenAI's range [-100, 100]), the
+    # only tokens that may be sampled, words that may not be generated, and a grammar the output must match.
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -37,6 +46,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.logit_bias, dict):  # JSON keys are strings: {"50256": -100}
+            self.logit_bias = {_token_key(k): v for k, v in self.logit_bias.items()} or None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        self.bad_words = list(self.bad_words) if self.bad_words else None
         self._validate()
 
     def _validate(self) -> None:
@@ -103,6 +117,36 @@ class SamplingParams:
                 name,
                 f"None or an integer in [0, {_MAX_LOGPROBS}]",
             )
+        check(
+            self.logit_bias is None
+            or (
+                isinstance(self.logit_bias, dict)
+                and all(is_int(k) and 0 <= k < 2**31 for k in self.logit_bias)
+                and all(is_num(v) and math.isfinite(v) and -100 <= v <= 100 for v in self.logit_bias.values())
+            ),
+            "logit_bias",
+            "a map of token ids to biases in [-100, 100]",
+        )
+        check(
+            self.allowed_token_ids is None
+            or (
+                isinstance(self.allowed_token_ids, list)
+                and len(self.allowed_token_ids) > 0
+                and all(is_int(t) and 0 <= t < 2**31 for t in self.allowed_token_ids)
+            ),
+            "allowed_token_ids",
+            "a non-empty list of token ids",
+        )
+        check(
+            self.bad_words is None or all(isinstance(w, str) and w.strip() for w in self.bad_words),
+            "bad_words",
+            "a list of non-empty strings",
+        )
+        check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs",
+            "a StructuredOutputsParams",
+        )
 
     @property
     def greedy(self) -> bool:
@@ -113,8 +157,32 @@ class SamplingParams:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     @property
+    def has_logits_processors(self) -> bool:
+        """Anything that changes the logits beyond temperature and the top-k/p and min-p filters."""
+        return (
+            self.has_penalties
+            or self.logit_bias is not None
+            or self.allowed_token_ids is not None
+            or self.bad_words is not None
+            or self.structured_outputs is not None
+        )
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Sampling reads the tokens generated so far on the host (penalties, multi-token bad words, grammars),
+        so the next step cannot be sampled before this one's token is known."""
+        return self.has_penalties or self.bad_words is not None or self.structured_outputs is not None
+
+    @property
     def max_stop_string_len(self) -> int:
         return max((len(s) for s in self.stop), default=0)
+
+
+def _token_key(key: object) -> object:
+    """A logit_bias key as an int when it spells one ("50256" from JSON); anything else is left for the check."""
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    return key
 
 
 _FIELD_ERROR = re.compile(r"^SamplingParams\.(\w+) ")

@@ -21,6 +21,7 @@ from brisk.config import (
     resolve_device,
     resolve_dtype,
 )
+from brisk.engine.constraints import RequestConstraints
 from brisk.engine.detokenizer import IncrementalDetokenizer
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
@@ -85,6 +86,7 @@ class LLMEngine:
             args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
+        self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
 
         backend = args.attention_backend or default_backend(self.device)
         if backend not in ATTENTION_BACKENDS:
@@ -249,6 +251,7 @@ class LLMEngine:
         text, token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         self._validate_token_ids(params.stop_token_ids, "stop_token_ids")
+        self.constraints.check(params)
         arrival_time = arrival_time if arrival_time is not None else time.time()
         completions = []
         for index in range(params.n):
@@ -266,8 +269,10 @@ class LLMEngine:
         self._parents[request_id] = _ParentRequest(
             request_id, text, token_ids, completions, RequestMetrics(arrival_time), stream
         )
-        for completion in completions:
-            self.scheduler.add_request(completion.request)
+        requests = [completion.request for completion in completions]
+        if not self.constraints.hold(params, requests):  # held: a grammar compiles first
+            for request in requests:
+                self.scheduler.add_request(request)
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -321,16 +326,33 @@ class LLMEngine:
         so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
         request's sampling needs its whole token history on the host (penalties)."""
         self.step_timer.start()
+        failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
         current, self._in_flight = self._in_flight, None
         if current is None:
             current = self._launch()
             if current is None:
                 if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                     raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
-                return []
+                return failed
         if self.async_scheduling and not self.scheduler.needs_sync:
             self._in_flight = self._launch()
-        return self._apply(current.schedule, current.result())
+        return failed + self._apply(current.schedule, current.result())
+
+    def _admit_compiled_grammars(self) -> list[RequestOutput]:
+        """Schedule the requests whose grammar is compiled; end those whose grammar failed (finish reason
+        "abort", an error in the log)."""
+        idle = not self.scheduler.has_unfinished_requests() and self._in_flight is None
+        admitted, failed = self.constraints.ready(idle)
+        for request in admitted:
+            if request.request_id in self._child_to_parent:  # not aborted meanwhile
+                self.scheduler.add_request(request)
+        parents = {}
+        for request in failed:
+            if request.request_id in self._child_to_parent:
+                parent_id, index = self._child_to_parent[request.request_id]
+                parents[parent_id] = self._parents[parent_id]
+                parents[parent_id].completions[index].finish_reason = "abort"
+        return [self._make_output(parent, time.time()) for parent in parents.values()]
 
     def _launch(self) -> LaunchedStep | None:
         schedule = self.scheduler.schedule()
@@ -380,6 +402,8 @@ class LLMEngine:
                     # The last token allowed completed a stop string: the text ends at it, so it stopped there.
                     request.stop_reason = stop
                     request.status = RequestStatus.FINISHED_STOPPED
+            if request.grammar is not None and request.grammar.done and not request.is_finished:
+                stopped_by_string.append(request.request_id)  # the grammar is complete, or allows nothing more
             touched[parent_id] = parent
         self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
         outputs = []

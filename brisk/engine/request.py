@@ -9,6 +9,7 @@ import torch
 
 from brisk.outputs import PositionLogprobs
 from brisk.sampling_params import SamplingParams
+from brisk.structured_outputs.state import GrammarState
 
 
 class RequestStatus(enum.IntEnum):
@@ -70,6 +71,9 @@ class Request:
         self.generator: torch.Generator | None = None
         if sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(sampling_params.seed)
+        # Set by the engine: the request's grammar (structured outputs) and its bad words as token sequences.
+        self.grammar: GrammarState | None = None
+        self.bad_words_token_ids: list[list[int]] = []
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -102,6 +106,8 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     def __repr__(self) -> str:
         return (

@@ -76,15 +76,15 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.append(request)
-        self._num_history_requests += request.sampling_params.has_penalties
+        self._num_history_requests += request.sampling_params.needs_token_history
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
     @property
     def needs_sync(self) -> bool:
-        """True while a request's sampling needs every earlier token on the host (penalties), so the next
-        step may not be scheduled before the current one returns."""
+        """True while a request's sampling needs every earlier token on the host (penalties, bad words, grammars),
+        so the next step may not be scheduled before the current one returns."""
         return self._num_history_requests > 0
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
@@ -103,7 +103,7 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
-        self._num_history_requests -= request.sampling_params.has_penalties
+        self._num_history_requests -= request.sampling_params.needs_token_history
 
     # ---- one step ---------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

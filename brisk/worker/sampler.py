@@ -1,4 +1,5 @@
-"""Batched sampling: penalties, min_tokens, temperature, top-k / top-p / min-p, per-request seeds, logprobs.
+"""Batched sampling: penalties, min_tokens, logit bias, allowed tokens, bad words, grammars (structured outputs),
+temperature, top-k / top-p / min-p, per-request seeds, logprobs.
 
 Logprobs are those of the model's raw distribution (before penalties and temperature), as OpenAI and vLLM
 report them. Seeded requests draw their noise from their own generator, so their samples do not depend on
@@ -16,6 +17,7 @@ from brisk.device_transfer import to_device_async
 from brisk.engine.request import Request
 from brisk.outputs import Logprob, PositionLogprobs
 from brisk.sampling_params import SamplingParams
+from brisk.structured_outputs.state import apply_grammar_bitmask
 
 
 @dataclass
@@ -61,6 +63,30 @@ def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
                 logits[row, sorted(banned)] = float("-inf")
 
 
+def _apply_token_constraints(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Logit bias, the allowed tokens, bad words (the last token of a bad word whose other tokens were just
+    generated), then the grammar's bitmask: each in place, on the rows that ask for it."""
+    for row, request in enumerate(requests):
+        params = request.sampling_params
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), device=logits.device)
+            logits[row, ids] += torch.tensor(list(params.logit_bias.values()), device=logits.device)
+        if params.allowed_token_ids is not None:
+            keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            keep[params.allowed_token_ids] = True
+            logits[row].masked_fill_(~keep, float("-inf"))
+        if request.bad_words_token_ids:
+            history = request.output_token_ids
+            banned = [
+                word[-1]
+                for word in request.bad_words_token_ids
+                if len(word) == 1 or history[len(history) - len(word) + 1 :] == word[:-1]
+            ]
+            if banned:
+                logits[row, banned] = float("-inf")
+    apply_grammar_bitmask(logits, [r.grammar for r in requests])
+
+
 def _filter(logits: torch.Tensor, params: list[SamplingParams], device: torch.device) -> torch.Tensor:
     """Mask logits outside top-k, the top-p nucleus, and below min_p times the top probability. The checks for
     which filters apply read the host-side params, so no step waits on the device for them."""
@@ -94,7 +120,7 @@ def _fusable(params: SamplingParams, generator: torch.Generator | None) -> bool:
         and params.top_k == 0
         and params.top_p == 1.0
         and params.min_p == 0.0
-        and not params.has_penalties
+        and not params.has_logits_processors
         and params.min_tokens == 0
         and params.logprobs is None
     )
@@ -133,6 +159,8 @@ class Sampler:
         if any(r.sampling_params.has_penalties for r in requests):
             _apply_penalties(logits, requests)
         _apply_min_tokens(logits, requests)
+        if any(r.sampling_params.has_logits_processors for r in requests):
+            _apply_token_constraints(logits, requests)
 
         greedy = [r.sampling_params.greedy for r in requests]
         token_ids = logits.argmax(dim=-1)

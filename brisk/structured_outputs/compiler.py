@@ -1,0 +1,67 @@
+"""Grammar compilation off the engine loop: a thread pool, and a cache of compiled grammars keyed by constraint.
+
+The tokenizer's vocabulary is read once (on the first structured request, in the pool), so engines that never see
+one pay nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from brisk.structured_outputs.params import StructuredOutputsParams
+
+_CACHE_SIZE = 256  # compiled grammars kept (least recently submitted dropped first)
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_workers: int = 2):
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._stop_token_ids = stop_token_ids
+        self._compiler: Any = None
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="brisk-grammar")
+        self._cache: dict[tuple, Future] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """A future of the compiled grammar (the same future for an equal constraint, while it is cached)."""
+        key = params.cache_key()
+        with self._lock:
+            future = self._cache.pop(key, None)
+            if future is None or (future.done() and future.exception() is not None):  # a failure is not kept
+                future = self._pool.submit(self._compile, params)
+            self._cache[key] = future  # most recent last
+            while len(self._cache) > _CACHE_SIZE:
+                del self._cache[next(iter(self._cache))]
+        return future
+
+    def _xgrammar_compiler(self) -> Any:
+        with self._lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+                )
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+            return self._compiler
+
+    def _compile(self, params: StructuredOutputsParams) -> Any:
+        compiler = self._xgrammar_compiler()
+        kind = params.kind
+        if kind == "json":
+            return compiler.compile_json_schema(params.schema_text(), any_whitespace=not params.disable_any_whitespace)
+        if kind == "json_object":  # an object, as OpenAI's json_object means (xgrammar's builtin takes any value)
+            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=not params.disable_any_whitespace)
+        if kind == "regex":
+            return compiler.compile_regex(params.regex)
+        return compiler.compile_grammar(params.ebnf())
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
