@@ -47,14 +47,22 @@ from types import SimpleNamespace
 from typing import Any
 
 from brisk.engine import core_process
-from brisk.engine.request_stream import ACCEPTED, RequestStream
+from brisk.engine.request_stream import ACCEPTED, RequestStream, RequestTimeoutError
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
 logger = logging.getLogger("brisk.engine")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "EngineError", "QueueFullError", "RequestStream"]
+__all__ = [
+    "AsyncLLM",
+    "EngineDeadError",
+    "EngineError",
+    "EngineStalledError",
+    "QueueFullError",
+    "RequestStream",
+    "RequestTimeoutError",
+]
 
 
 class EngineError(RuntimeError):
@@ -63,6 +71,10 @@ class EngineError(RuntimeError):
 
 class EngineDeadError(EngineError):
     """The engine loop is not running (stopped, or died); no request can be served."""
+
+
+class EngineStalledError(EngineError):
+    """The engine has requests to serve but has completed no step for longer than its stall timeout."""
 
 
 class QueueFullError(RuntimeError):
@@ -98,6 +110,13 @@ class AsyncLLM:
     ``max_waiting_requests`` bounds the requests accepted but not yet producing tokens (on their way to the
     engine, waiting in the scheduler or in their prefill); beyond it :meth:`add_request` raises
     :class:`QueueFullError`.
+
+    Heartbeat: the engine process reports after every step, and a thread of its own sends a heartbeat every
+    second whatever the loop is doing (a long step included). While requests are in flight, the engine is
+    *stalled* when no heartbeat has come for ``stall_timeout_s`` (the process is stopped or wedged) or no step
+    has completed for ``step_timeout_s`` (the loop is stuck); then :attr:`is_stalled` is true and new requests
+    get :class:`EngineStalledError`. It clears by itself when the engine reports again. An idle engine is
+    never stalled.
     """
 
     def __init__(
@@ -108,9 +127,15 @@ class AsyncLLM:
         max_waiting_requests: int | None = None,
         metrics: Any | None = None,
         stats_interval_s: float = 0.1,
+        stall_timeout_s: float | None = None,
+        step_timeout_s: float | None = None,
     ):
         self.engine_args = engine_args
         self.max_waiting_requests = max_waiting_requests
+        self.stall_timeout_s = stall_timeout_s
+        self.step_timeout_s = step_timeout_s
+        # Heartbeat (monotonic clock): the engine's last message, its last step, and when it last went busy.
+        self._last_heartbeat = self._last_step = self._busy_since = time.monotonic()
         self.metrics = metrics
         self.tokenizer: Any = None
         self.max_model_len: int = 0
@@ -224,6 +249,36 @@ class AsyncLLM:
     def num_in_flight(self) -> int:
         return self._num_in_flight
 
+    def _busy_for(self, since: float) -> float:
+        if not self._num_in_flight:
+            return 0.0
+        return time.monotonic() - max(since, self._busy_since)
+
+    @property
+    def seconds_without_heartbeat(self) -> float:
+        """Seconds without any message from the engine process while requests are in flight (0 while idle)."""
+        return self._busy_for(self._last_heartbeat)
+
+    @property
+    def seconds_without_step(self) -> float:
+        """Seconds since the engine last completed a step while requests are in flight (0 while idle)."""
+        return self._busy_for(self._last_step)
+
+    def stall_reason(self) -> str | None:
+        """Why the engine is stalled (a sentence), or None."""
+        silent, stepless = self.seconds_without_heartbeat, self.seconds_without_step
+        if self.stall_timeout_s is not None and silent > self.stall_timeout_s:
+            why = f"the engine process has not answered for {silent:.1f} s (stall timeout {self.stall_timeout_s:g} s)"
+        elif self.step_timeout_s is not None and stepless > self.step_timeout_s:
+            why = f"the engine has completed no step for {stepless:.1f} s (step timeout {self.step_timeout_s:g} s)"
+        else:
+            return None
+        return f"The engine is stalled: {why}, with {self._num_in_flight} requests in flight."
+
+    @property
+    def is_stalled(self) -> bool:
+        return self.stall_reason() is not None
+
     @property
     def num_waiting(self) -> int:
         return self._num_waiting
@@ -253,39 +308,71 @@ class AsyncLLM:
         prompt: str | list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        timeout_s: float | None = None,
     ) -> RequestStream:
         """Submit a request; returns once the engine has accepted it.
 
         Raises ``ValueError`` (the engine rejected the request: its message is for the client),
-        :class:`QueueFullError` or :class:`EngineDeadError`.
+        :class:`QueueFullError`, :class:`EngineDeadError`, :class:`EngineStalledError`, or
+        :class:`RequestTimeoutError` when ``timeout_s`` passes first (the same deadline then bounds the stream).
         """
+        (stream,) = await self.add_requests([(request_id, prompt, params)], arrival_time, timeout_s)
+        return stream
+
+    async def add_requests(
+        self,
+        requests: list[tuple[str, str | list[int], SamplingParams]],
+        arrival_time: float | None = None,
+        timeout_s: float | None = None,
+    ) -> list[RequestStream]:
+        """Submit ``(request_id, prompt, params)`` requests together: one message to the engine, one wait for
+        all of them to be accepted (a list of prompts costs one round trip, not one per prompt). All or
+        nothing: if the engine rejects one, the others are aborted and that error is raised. The queue limit
+        is checked once, for the first request: a batch is admitted whole."""
         if self._reader is None:
             self.start()
         if not self.is_alive:
             raise EngineDeadError(self._dead_message())
+        stalled = self.stall_reason()
+        if stalled is not None:
+            raise EngineStalledError(stalled)
         if self.max_waiting_requests is not None and self._num_waiting >= self.max_waiting_requests:
             raise QueueFullError(
                 f"The server is overloaded: {self._num_waiting} requests are already waiting "
                 f"(--max-waiting-requests {self.max_waiting_requests}). Retry later."
             )
-        if request_id in self._streams:
-            raise ValueError(f"Request id {request_id!r} is already in use.")
+        ids = [request_id for request_id, _, _ in requests]
+        taken = next((i for i in ids if i in self._streams), None)
+        if taken is not None or len(set(ids)) < len(ids):
+            raise ValueError(f"Request id {taken or ids!r} is already in use.")
         arrival = arrival_time or time.time()
-        stream = RequestStream(request_id, self, prompt, arrival)
-        stream._waiting_counted = stream._in_flight = True
-        self._num_waiting += 1
-        self._num_in_flight += 1
-        self._streams[request_id] = stream
-        self._send(("add", request_id, prompt, params, arrival))
+        if not self._num_in_flight:
+            self._busy_since = time.monotonic()
+        streams = []
+        for request_id, prompt, params in requests:
+            stream = RequestStream(request_id, self, prompt, arrival, timeout_s)
+            stream._waiting_counted = stream._in_flight = True
+            self._num_waiting += 1
+            self._num_in_flight += 1
+            self._streams[request_id] = stream
+            self._send(("add", request_id, prompt, params, arrival))
+            streams.append(stream)
+        error: BaseException | None = None
         try:
-            first = await stream._queue.get()
+            for stream in streams:
+                first = await stream.first_item()
+                if first is not ACCEPTED:
+                    stream.finished = True
+                    error = error or first
         except BaseException:
-            stream.abort()
+            for stream in streams:
+                stream.abort()
             raise
-        if first is not ACCEPTED:
-            stream.finished = True
-            raise first
-        return stream
+        if error is not None:
+            for stream in streams:
+                stream.abort()
+            raise error
+        return streams
 
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str
@@ -398,7 +485,11 @@ class AsyncLLM:
             while True:
                 message = conn.recv()
                 kind = message[0]
+                self._last_heartbeat = time.monotonic()
+                if kind == core_process.HEARTBEAT:
+                    continue
                 if kind == core_process.STEP:
+                    self._last_step = self._last_heartbeat
                     self._on_step(message[1], message[2], message[3])
                 elif kind == core_process.DEAD:
                     self._error = f"loop died ({message[1]})"

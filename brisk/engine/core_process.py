@@ -12,8 +12,10 @@ two one-way pipes of pickled messages:
       ("stop",)
 
 * messages, child -> parent: first ``("ready", info)`` or ``("failed", error)``; then one ``("step", events,
-  stats, stepped)`` per loop iteration that has something to report; last ``("stopped",)`` after a stop, or
-  ``("dead", why)`` when the loop itself broke. ``events`` is ordered and holds tuples tagged:
+  stats, stepped)`` per loop iteration that has something to report, and a ``("heartbeat",)`` every
+  ``HEARTBEAT_INTERVAL_S`` from a thread of its own (so the parent can tell a frozen or dead process from a
+  long step: a thread runs while torch computes); last ``("stopped",)`` after a stop, or ``("dead", why)`` when
+  the loop itself broke. ``events`` is ordered and holds tuples tagged:
 
       ("accepted", request_id)
       ("rejected", request_id, kind, message)   # kind: "value" (the request's fault), "engine", "dead"
@@ -47,12 +49,14 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 logger = logging.getLogger("brisk.engine")
 
-READY, FAILED, STEP, STOPPED, DEAD = "ready", "failed", "step", "stopped", "dead"
+READY, FAILED, STEP, STOPPED, DEAD, HEARTBEAT = "ready", "failed", "step", "stopped", "dead", "heartbeat"
+HEARTBEAT_INTERVAL_S = 1.0
 
 # Exception types the parent re-creates (with the child's message) when the engine fails to start, so the CLI
 # reports them as it always did ("brisk serve: error: ..."); anything else becomes a RuntimeError naming its type.
@@ -249,10 +253,20 @@ class EngineCore:
         self._live: dict[str, OutputDeltas] = {}  # requests accepted and not finished
         self._events: list[tuple[Any, ...]] = []
         self._last_stats_time = 0.0
+        self._send_lock = threading.Lock()  # the loop and the heartbeat thread share the output pipe
+        self._stopping = threading.Event()
+
+    def _heartbeat(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                self._send((HEARTBEAT,))
+            except Exception:  # the parent is gone, or the pipe is closing: the loop notices and exits
+                return
 
     def run(self) -> bool:
         """Serve until stopped (True) or until the parent is gone (True); False when the loop itself broke."""
         engine = self.engine
+        threading.Thread(target=self._heartbeat, name="brisk-engine-heartbeat", daemon=True).start()
         try:
             while True:
                 commands = self._receive(block=not engine.has_unfinished_requests())
@@ -281,6 +295,8 @@ class EngineCore:
                 self._flush(False, force_stats=False)
                 self._send((DEAD, f"{type(exc).__name__}: {exc}"))
             return False
+        finally:
+            self._stopping.set()
 
     # ---- pipes ----------------------------------------------------------------------------------------------
     def _receive(self, block: bool) -> list[tuple[Any, ...]]:
@@ -297,7 +313,8 @@ class EngineCore:
 
     def _send(self, message: tuple[Any, ...]) -> None:
         try:
-            self.out_conn.send(message)
+            with self._send_lock:
+                self.out_conn.send(message)
         except (BrokenPipeError, EOFError, ConnectionResetError) as exc:
             raise _ParentGone from exc
 
@@ -390,4 +407,5 @@ class EngineCore:
         message = "The engine is shutting down and accepts no new requests."
         events.extend(("rejected", c[1], "dead", message) for c in rest if c[0] == "add")
         self._flush(False, force_stats=True)
+        self._stopping.set()
         self._send((STOPPED,))

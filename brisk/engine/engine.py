@@ -258,7 +258,10 @@ class LLMEngine:
             child_params = params
             if params.n > 1:
                 seed = None if params.seed is None else params.seed + index
-                child_params = replace(params, n=1, seed=seed)
+                # The prompt's logprobs are the same for every sequence: only the first computes them; the
+                # others read its KV blocks from the prefix cache (a request owed prompt logprobs cannot).
+                prompt_logprobs = params.prompt_logprobs if index == 0 else None
+                child_params = replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
             request = Request(child_ids[index], token_ids, child_params, self.eos_token_ids, arrival_time)
             detok = None
             if params.detokenize and self.tokenizer is not None and (stream or params.stop):

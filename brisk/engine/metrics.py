@@ -108,8 +108,27 @@ class EngineMetrics:
         self.num_generation_tokens_hist = histogram(
             "request_generation_tokens", "Generated tokens of finished requests.", _token_buckets()
         )
+        self.engine_stalled = gauge(
+            "engine_stalled",
+            "1 while the engine is stalled (/health answers 503): requests are in flight and its process has "
+            "sent no heartbeat within the stall timeout, or it has completed no step within the step timeout.",
+        )
+        self.engine_seconds_without_heartbeat = gauge(
+            "engine_seconds_without_heartbeat",
+            "Seconds without a message from the engine process while requests are in flight (0 while idle).",
+        )
+        self.engine_seconds_without_step = gauge(
+            "engine_seconds_without_step",
+            "Seconds since the engine last completed a step while requests are in flight (0 while idle).",
+        )
         self._tracked: dict[str, _Tracked] = {}
         self._last_counters: dict[str, int] = {}
+
+    def watch_heartbeat(self, engine: Any) -> None:
+        """Read the heartbeat gauges from ``engine`` (an ``AsyncLLM``) at each scrape."""
+        self.engine_stalled.set_function(lambda: float(engine.is_stalled))
+        self.engine_seconds_without_heartbeat.set_function(lambda: engine.seconds_without_heartbeat)
+        self.engine_seconds_without_step.set_function(lambda: engine.seconds_without_step)
 
     # ------------------------------------------------------------------------------------------
     # engine-thread hooks

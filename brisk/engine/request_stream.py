@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 ACCEPTED = object()  # delivered when the engine took the request (not an output)
 
 
+class RequestTimeoutError(TimeoutError):
+    """The request did not finish by its deadline (it has been aborted)."""
+
+
 class RequestStream:
     """The outputs of one request, as an async iterator of cumulative :class:`RequestOutput`s.
 
@@ -27,8 +31,18 @@ class RequestStream:
     followed by :meth:`abort` (``async with`` does it).
     """
 
-    def __init__(self, request_id: str, owner: AsyncLLM, prompt: Any = None, arrival_time: float | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        owner: AsyncLLM,
+        prompt: Any = None,
+        arrival_time: float | None = None,
+        timeout_s: float | None = None,
+    ):
         self.request_id = request_id
+        self.timeout_s = timeout_s
+        # time.monotonic() by which the request must have ended, or None
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._owner = owner
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self.finished = False
@@ -98,10 +112,32 @@ class RequestStream:
     def __aiter__(self) -> RequestStream:
         return self
 
+    async def _get(self) -> Any:
+        if self.deadline is None:
+            return await self._queue.get()
+        remaining = self.deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                return self._queue.get_nowait()
+            return await asyncio.wait_for(self._queue.get(), remaining)
+        except (TimeoutError, asyncio.QueueEmpty):
+            self.abort()
+            raise RequestTimeoutError(
+                f"The request did not finish within the server's request timeout "
+                f"({self.timeout_s:g} s); it was aborted."
+            ) from None
+
+    async def first_item(self) -> Any:
+        """What the engine said first: ``ACCEPTED``, or the exception rejecting the request."""
+        try:
+            return await self._get()
+        except RequestTimeoutError as exc:
+            return exc
+
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        item = await self._get()
         while isinstance(item, RequestOutput) and not item.finished and not self._queue.empty():
             item = self._queue.get_nowait()
         if isinstance(item, BaseException):

@@ -4,6 +4,8 @@ there. Tests reach the instance in the child through ``AsyncLLM.call_engine``.""
 
 from __future__ import annotations
 
+import time
+
 from brisk.engine.engine import LLMEngine
 
 
@@ -25,14 +27,18 @@ class FaultyEngine(CheckedEngine):
     fail_next_step = False  # the next step's model forward raises (after scheduling, like a CUDA error)
     fail_next_add = False  # the next add_request raises a TypeError (a bug, not the request's fault)
     die = False  # has_unfinished_requests() raises: the engine loop itself breaks
+    slow_next_step = 0.0  # seconds the next step takes on top of its work (sleeping frees the GIL, as torch does)
 
-    def arm(self, **flags: bool) -> None:
+    def arm(self, **flags: bool | float) -> None:
         for name, value in flags.items():
-            if name not in ("fail_next_step", "fail_next_add", "die"):
+            if name not in ("fail_next_step", "fail_next_add", "die", "slow_next_step"):
                 raise AttributeError(f"no fault named {name!r}")
             setattr(self, name, value)
 
     def step(self):
+        if self.slow_next_step:
+            seconds, self.slow_next_step = self.slow_next_step, 0.0
+            time.sleep(seconds)
         if not self.fail_next_step:
             return super().step()
         self.fail_next_step = False

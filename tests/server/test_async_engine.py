@@ -413,7 +413,7 @@ def test_app_queue_full_is_a_503(make_llm, run):
             refused = [t.result() for t in tasks if t.done()]
             assert refused and llm.num_in_flight >= 1
             for r in refused:
-                assert r.status_code == 503
+                assert r.status_code == 503 and r.headers["retry-after"] == "1"
                 error = r.json()["error"]
                 assert error["code"] == "server_overloaded" and "max-waiting-requests" in error["message"]
             pending = [t for t in tasks if not t.done()]

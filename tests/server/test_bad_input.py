@@ -204,6 +204,23 @@ CASES = [
     ("unknown-route", "GET", "/v1/engines", None, 404, None, "/v1/engines"),
     ("unknown-model-card", "GET", "/v1/models/gpt-4", None, 404, None, "gpt-4"),
     ("body-too-large", "POST", C, {"prompt": "x" * (5 << 20)}, 413, None, "bytes"),
+    # Lone UTF-16 surrogates (JSON escapes UTF-8 cannot encode): a 400 naming where, never a 500.
+    ("surrogate-prompt", "POST", C, b'{"prompt": "\\ud800", "max_tokens": 1}', 400, "prompt", "surrogate"),
+    ("surrogate-prompt-list", "POST", C, b'{"prompt": ["a", "b\\udfff"]}', 400, "prompt[1]", "surrogate"),
+    ("surrogate-stream", "POST", C, b'{"prompt": "\\ud800", "stream": true}', 400, "prompt", "surrogate"),
+    ("surrogate-echo", "POST", C, b'{"prompt": "\\ud800", "echo": true, "logprobs": 1}', 400, "prompt", ""),
+    ("surrogate-stop", "POST", C, b'{"prompt": "a", "stop": ["\\ud800"]}', 400, "stop[0]", "surrogate"),
+    ("surrogate-key", "POST", C, b'{"prompt": "a", "\\ud800": 1}', 400, None, "surrogate"),
+    ("surrogate-model", "POST", CHAT, b'{"model": "\\ud800", "messages": [{"role": "user", "content": "x"}]}', 400,
+     "model", "surrogate"),  # fmt: skip
+    ("surrogate-part-type", "POST", CHAT,
+     b'{"messages": [{"role": "user", "content": [{"type": "\\ud800", "text": "x"}]}]}', 400,
+     "messages[0].content[0].type", "surrogate"),  # fmt: skip
+    ("surrogate-tokenize", "POST", "/tokenize", b'{"prompt": "\\ud800"}', 400, "prompt", "surrogate"),
+    # Bounded work per request.
+    ("too-many-prompts", "POST", C, comp(prompt=["a"] * 1025), 400, "prompt", "--max-prompts-per-request"),
+    ("too-many-stop-strings", "POST", C, comp(stop=[f"s{i}" for i in range(65)]), 400, "stop", "at most 64"),
+    ("stop-string-too-long", "POST", C, comp(stop=["x" * 1025]), 400, "stop", "at most 1024"),
 ]
 
 
@@ -242,6 +259,18 @@ def test_bad_request(http, method, path, body, status, param, needle):
     if param is not None:
         assert error["param"] == param, error
     assert needle in error["message"], error
+
+
+def test_405_keeps_its_allow_header(http):
+    r = http.get(C)
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+    r = http.delete("/health")
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+def test_head_health_for_load_balancers(http):
+    r = http.head("/health")
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_server_still_healthy_after_bad_input(server, http):

@@ -115,3 +115,31 @@ def test_engine_flags_are_engine_arguments():
     from brisk.entrypoints.cli.engine_args import ENGINE_FLAGS
 
     assert set(ENGINE_FLAGS) <= set(EngineArgs.__dataclass_fields__)
+
+
+def test_hardening_flags():
+    _, server = _configs(
+        "--limit-concurrency", "100",
+        "--header-timeout", "3",
+        "--body-timeout", "7.5",
+        "--engine-stall-timeout", "4",
+        "--engine-step-timeout", "0",
+        "--request-timeout", "120",
+        "--max-prompts-per-request", "8",
+    )  # fmt: skip
+    assert server.limit_concurrency == 100 and server.header_timeout == 3 and server.body_timeout == 7.5
+    assert server.engine_stall_timeout == 4 and server.engine_step_timeout is None
+    assert server.request_timeout == 120 and server.max_prompts_per_request == 8
+    _, defaults = _configs()
+    assert defaults.limit_concurrency == 4096 and defaults.request_timeout is None
+    assert _configs("--limit-concurrency", "0")[1].limit_concurrency is None
+
+
+@pytest.mark.parametrize("argv", [["--bogus-flag"], ["--header-timeout", "-1"], ["--max-n", "x"]])
+def test_a_bad_flag_is_one_line(argv, capsys):
+    """As for ``brisk generate``: one ``brisk serve: error:`` line, not the whole usage text."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", *argv])
+    assert exc.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("brisk serve: error: "), lines

@@ -109,6 +109,8 @@ def test_startup_errors_are_one_line(tiny_model_dir):
         assert "Traceback" not in stderr, stderr
         errors = [line for line in stderr.splitlines() if ": error: " in line]
         assert len(errors) == 1 and errors[0].startswith(cases[flags]), stderr
+        # The error is the last line: nothing of it spills over onto more lines (the model's used to take 12).
+        assert stderr.strip().splitlines()[-1] == errors[0], stderr
         assert wait_gone(in_session(proc.pid), 10) == []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -16,7 +17,9 @@ from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine
 
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir):
-    with started_together(tiny_model_dir, ("--shutdown-timeout", "60"), ("--shutdown-timeout", "1")) as servers:
+    with started_together(
+        tiny_model_dir, ("--shutdown-timeout", "60"), ("--shutdown-timeout", "1"), ("--shutdown-timeout", "30")
+    ) as servers:
         yield servers
 
 
@@ -46,7 +49,7 @@ def _stream_through_sigterm(server: ServerProcess, body: dict) -> tuple[list[dic
 
 
 def test_sigterm_lets_the_stream_finish(servers):
-    patient, _ = servers
+    patient, _, _ = servers
     children = descendants(patient.proc.pid)
     engine = engine_pid(patient)
     assert engine in children
@@ -63,7 +66,7 @@ def test_sigterm_lets_the_stream_finish(servers):
 
 
 def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
-    _, hasty = servers
+    _, hasty, _ = servers
     children = descendants(hasty.proc.pid)
     # Far more work than one second: 16 completions of 400 tokens.
     body = {"model": MODEL_NAME, "prompt": "Once", "max_tokens": 400, "n": 16, "ignore_eos": True}
@@ -77,3 +80,35 @@ def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
     assert "Shutdown timeout: ending the 1 requests still in flight" in logs
     assert "Traceback" not in logs
     assert wait_gone(children, timeout=2) == []
+
+
+def test_sigterm_closes_half_sent_requests_at_once(servers):
+    """Clients still sending their request body when SIGTERM comes are not waited for (that took the shutdown
+    timeout + 5 s) nor answered with a 500 and a CancelledError traceback each: their connections close at
+    once and the server exits."""
+    _, _, server = servers
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n{\"prompt\": "
+    )
+    socks = []
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        sock.sendall(head)
+        socks.append(sock)
+    time.sleep(0.5)
+    started = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        for sock in socks:
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+            assert b"500" not in answer.split(b"\r\n", 1)[0], answer
+        assert server.proc.wait(timeout=20) == 0
+    finally:
+        for sock in socks:
+            sock.close()
+    assert time.monotonic() - started < 10  # the shutdown timeout is 30 s
+    logs = server.logs()
+    assert "Traceback" not in logs and "CancelledError" not in logs, logs

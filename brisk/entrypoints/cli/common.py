@@ -194,7 +194,7 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
     return needed if needed < DEFAULT_CPU_KV_CACHE_BYTES else None
 
 
-def _one_line(message: str) -> str:
+def one_line_error(message: str) -> str:
     """resolve_model's errors list the accepted forms over many lines: keep the reason, name the known models."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if len(lines) <= 2:  # e.g. "... is not installed. Install it with:" + the pip command
@@ -239,7 +239,7 @@ def build_engine(engine_args, threads: int | None = None):
             engine_args.kv_cache_memory_bytes = _one_sequence_kv_bytes(engine_args)
         return LLMEngine(engine_args)
     except FileNotFoundError as exc:
-        raise FileNotFoundError(_one_line(str(exc))) from None
+        raise FileNotFoundError(one_line_error(str(exc))) from None
 
 
 def chat_prompt_ids(engine, messages: list[dict], no_template_hint: str = "use --raw") -> list[int]:

@@ -6,8 +6,11 @@ import argparse
 import os
 from pathlib import Path
 
+from brisk.entrypoints.cli.common import one_line_error, one_line_errors
 from brisk.entrypoints.cli.engine_args import add_engine_arguments, engine_kwargs, parse_bytes, positive_int
-from brisk.entrypoints.openai.config import DEFAULT_MAX_REQUEST_BODY_BYTES
+from brisk.entrypoints.openai.config import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerConfig
+
+DEFAULTS = ServerConfig(served_model_names=[])
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -54,12 +57,68 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="Largest max_tokens accepted, and the default cap (default: only max_model_len bounds it).",
     )
     g.add_argument(
+        "--max-prompts-per-request",
+        type=positive_int,
+        default=DEFAULTS.max_prompts_per_request,
+        help=f"Most prompts in one completions request (default: {DEFAULTS.max_prompts_per_request}).",
+    )
+    g.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=DEFAULTS.limit_concurrency,
+        help=f"Most open connections (default: {DEFAULTS.limit_concurrency}; 0: no limit). Beyond it a new "
+        "connection replaces the one waiting longest for its request headers, or gets 503.",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=positive_float,
+        default=DEFAULTS.header_timeout,
+        help=f"Seconds a connection has to send its request headers (default: {DEFAULTS.header_timeout:g}).",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=positive_float,
+        default=DEFAULTS.body_timeout,
+        help=f"Seconds a request has to send its body, after its headers (default: {DEFAULTS.body_timeout:g}).",
+    )
+    g.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=DEFAULTS.engine_stall_timeout,
+        help="Seconds the engine process may go without a heartbeat (it sends one a second, even in a long "
+        "step) while requests wait on it, before /health answers 503 and new requests are refused (default: "
+        f"{DEFAULTS.engine_stall_timeout:g}; 0: never).",
+    )
+    g.add_argument(
+        "--engine-step-timeout",
+        type=float,
+        default=DEFAULTS.engine_step_timeout,
+        help="Seconds the engine may go without completing a step while requests wait on it, before /health "
+        f"answers 503 (default: {DEFAULTS.engine_step_timeout:g}; 0: never).",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=None,
+        help="Seconds a request may take in all before it is ended with an error (default: no limit).",
+    )
+    g.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="uvicorn's log level (default: info).",
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every HTTP request.")
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value!r}")
+    return number
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,6 +136,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--model", dest="model_flag", default=None, help="Same as MODEL (vLLM's spelling).")
     add_server_arguments(parser)
     add_engine_arguments(parser)
+    one_line_errors(parser)
     parser.set_defaults(func=run)
     return parser
 
@@ -109,6 +169,11 @@ def build_configs(args: argparse.Namespace):
         raise ValueError("--shutdown-timeout must be >= 0.")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
+    if args.limit_concurrency < 0:
+        raise ValueError("--limit-concurrency must be >= 0 (0 means no limit).")
+    for flag in ("engine_stall_timeout", "engine_step_timeout"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0 (0 means never).")
     server_config = ServerConfig(
         served_model_names=list(args.served_model_name or [model]),
         host=args.host,
@@ -120,6 +185,13 @@ def build_configs(args: argparse.Namespace):
         max_request_body_bytes=args.max_request_body_bytes,
         max_waiting_requests=args.max_waiting_requests or None,
         shutdown_timeout=args.shutdown_timeout,
+        max_prompts_per_request=args.max_prompts_per_request,
+        limit_concurrency=args.limit_concurrency or None,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        engine_stall_timeout=args.engine_stall_timeout or None,
+        engine_step_timeout=args.engine_step_timeout or None,
+        request_timeout=args.request_timeout,
     )
     return engine_args, server_config
 
@@ -128,9 +200,12 @@ def run(args: argparse.Namespace) -> int:
     from brisk.entrypoints.openai.server import run_server
 
     engine_args, server_config = build_configs(args)
-    return run_server(
-        engine_args,
-        server_config,
-        uvicorn_log_level=args.uvicorn_log_level,
-        access_log=not args.disable_uvicorn_access_log,
-    )
+    try:
+        return run_server(
+            engine_args,
+            server_config,
+            uvicorn_log_level=args.uvicorn_log_level,
+            access_log=not args.disable_uvicorn_access_log,
+        )
+    except FileNotFoundError as exc:  # an unknown model: the reason and the known names, on one line
+        raise FileNotFoundError(one_line_error(str(exc))) from None

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import Send
 
 logger = logging.getLogger("brisk.server")
@@ -41,6 +41,7 @@ class OpenAIError(Exception):
         type: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.message = message
@@ -48,12 +49,21 @@ class OpenAIError(Exception):
         self.type = type or _TYPE_BY_STATUS.get(status_code, "invalid_request_error")
         self.param = param
         self.code = code
+        self.headers = headers
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def to_response(self) -> JSONResponse:
-        return JSONResponse(self.to_dict(), status_code=self.status_code)
+    def to_response(self) -> Response:
+        return Response(
+            error_body(self.to_dict()), self.status_code, headers=self.headers, media_type="application/json"
+        )
+
+
+def error_body(content: dict[str, Any]) -> bytes:
+    """JSON with non-ASCII escaped: a message that quotes the client's text stays encodable even when that text
+    holds a lone UTF-16 surrogate (UTF-8 cannot encode one, and Starlette's JSONResponse would raise)."""
+    return json.dumps(content, ensure_ascii=True).encode()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -64,7 +74,7 @@ async def send_error(
     send: Send, message: str, status_code: int, *, code: str, headers: Iterable[tuple[bytes, bytes]] = ()
 ) -> None:
     """An error response sent straight over ASGI, for middlewares that answer before FastAPI sees the request."""
-    body = json.dumps(OpenAIError(message, status_code=status_code, code=code).to_dict()).encode()
+    body = error_body(OpenAIError(message, status_code=status_code, code=code).to_dict())
     await send(
         {
             "type": "http.response.start",
@@ -125,7 +135,7 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
         return bad_request("Invalid request.")
     # Prefer the most telling error: our own value checks, unknown fields, then type errors and missing fields,
     # the deepest first (a union member that matched the value's shape reports deeper than the others).
-    priority = {"value_error": 0, "extra_forbidden": 1}
+    priority = {INVALID_UNICODE: -1, "value_error": 0, "extra_forbidden": 1}
     errors.sort(key=lambda e: (priority.get(e.get("type", ""), 2), -len(e.get("loc", ()))))
     err = errors[0]
     etype = err.get("type", "")
@@ -135,6 +145,15 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
     param = _param_of(loc)
     value = err.get("input")
 
+    if etype == INVALID_UNICODE:
+        path = err.get("ctx", {}).get("path") or None
+        where = f"'{path}' holds" if path else "The request body holds"
+        return bad_request(
+            f"{where} a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair), which is not valid "
+            "Unicode text.",
+            param=path,
+            code="invalid_unicode",
+        )
     if etype == "json_invalid":
         detail = err.get("ctx", {}).get("error", "")
         return bad_request(f"The request body is not valid JSON ({detail}).".replace(" ()", ""), code="invalid_json")
@@ -167,31 +186,36 @@ def translate_validation_error(exc: RequestValidationError) -> OpenAIError:
     return bad_request(f"Invalid value for '{param}': {msg}.".replace("..", "."), param=param, code="invalid_value")
 
 
+INVALID_UNICODE = "invalid_unicode"  # the error type of protocol.reject_surrogates
+
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "literal", "none"}
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
         return exc.to_response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
         return translate_validation_error(exc).to_response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             message = f"Not found: {request.method} {request.url.path}."
         elif exc.status_code == 405:
             message = f"Method {request.method} is not allowed on {request.url.path}."
         else:
             message = str(exc.detail)
-        return OpenAIError(message, status_code=exc.status_code).to_response()
+        # Starlette's headers (a 405's Allow) are part of the answer.
+        return OpenAIError(message, status_code=exc.status_code, headers=exc.headers).to_response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("Unhandled error while serving %s %s", request.method, request.url.path)
         return OpenAIError(
-            f"Internal server error ({type(exc).__name__}): {exc}", status_code=500, code="internal_error"
+            f"Internal server error ({type(exc).__name__}); the server's log has the details.",
+            status_code=500,
+            code="internal_error",
         ).to_response()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 # ------------------------------------------------------------------------------------------
 # requests
@@ -18,6 +19,50 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _is_text(value: str) -> bool:
+    """False for a string holding a lone UTF-16 surrogate (JSON's ``"\\ud800"``): no tokenizer, log line or
+    response can encode it as UTF-8."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogate_path(body: Any) -> str | None:
+    """The location (``messages[0].content``) of the first string, or object key, that is not valid Unicode;
+    ``""`` for a bad key of the body itself; None when every string is valid."""
+    todo: list[tuple[Any, str]] = [(body, "")]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, str):
+            if not _is_text(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not _is_text(key):
+                    return path
+                todo.append((item, f"{path}.{key}" if path else key))
+        elif isinstance(value, list):
+            todo.extend((item, f"{path}[{i}]") for i, item in enumerate(value) if not isinstance(item, int))
+    return None
+
+
+class _Body(_Request):
+    """A request body: every string in it (values and keys, at any depth) must be valid Unicode, or the request
+    is a 400 naming where (``errors.INVALID_UNICODE``), before any field is read."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_surrogates(cls, data: Any) -> Any:
+        path = _surrogate_path(data)
+        if path is not None:
+            raise PydanticCustomError("invalid_unicode", "a string is not valid Unicode", {"path": path})
+        return data
 
 
 class StreamOptions(_Request):
@@ -36,7 +81,7 @@ def _check_stop(value: Any) -> str | list[str] | None:
     raise ValueError("expected a string or an array of strings")
 
 
-class _SamplingFields(_Request):
+class _SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
 
     model: str | None = Field(None, description="Served model name; defaults to the (only) served model.")
@@ -106,7 +151,7 @@ class TextContentPart(_Request):
     @classmethod
     def _only_text(cls, value: str) -> str:
         if value != "text":
-            raise ValueError(f"content part type '{value}' is not supported; only 'text' parts are")
+            raise ValueError(f"content part type {ascii(value)} is not supported; only 'text' parts are")
         return value
 
 
@@ -133,7 +178,7 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -141,7 +186,7 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
 

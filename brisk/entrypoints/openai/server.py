@@ -27,6 +27,7 @@ from brisk.engine.async_engine import AsyncLLM
 from brisk.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics
 from brisk.entrypoints.openai.auth import APIKeyMiddleware
 from brisk.entrypoints.openai.config import ServerConfig
+from brisk.entrypoints.openai.connection_guard import guarded_protocol
 from brisk.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from brisk.entrypoints.openai.limits import BodySizeLimitMiddleware
 from brisk.entrypoints.openai.protocol import (
@@ -149,14 +150,19 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return await tokenization.detokenize(body)
 
-    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    @app.api_route("/health", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
-        """200 while the engine loop runs, 503 otherwise. Never needs the API key."""
-        if engine.is_alive:
+        """200 while the engine loop runs and keeps up; 503 when it is not running, or is stalled (requests in
+        flight and no heartbeat within --engine-stall-timeout, or no step within --engine-step-timeout). Never
+        needs the API key."""
+        stalled = engine.stall_reason()
+        if not engine.is_alive:
+            message = "The engine loop is not running."
+        elif stalled is not None:
+            message = stalled
+        else:
             return JSONResponse({"status": "ok"})
-        return OpenAIError(
-            "The engine loop is not running.", status_code=503, code="engine_unavailable"
-        ).to_response()
+        return OpenAIError(message, status_code=503, code="engine_unavailable").to_response()
 
     @app.get("/metrics", response_class=Response)
     async def prometheus_metrics() -> Response:
@@ -169,7 +175,9 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
         return {"version": __version__}
 
     # Pure ASGI middlewares; the last added is the outermost: the key is checked before any body is read.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=config.max_request_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_body_bytes=config.max_request_body_bytes, body_timeout=config.body_timeout
+    )
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     return app
@@ -214,6 +222,30 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def open_file_limit(max_connections: int | None) -> int | None:
+    """Raise this process's open-file limit to its hard limit, and return the connection cap that fits under
+    it (each connection is a file descriptor; the rest of the server needs some too)."""
+    import resource
+
+    reserve = 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if max_connections is None or soft == resource.RLIM_INFINITY or max_connections + reserve <= soft:
+        return max_connections
+    fitted = max(soft - reserve, 16)
+    logger.warning(
+        "--limit-concurrency %d does not fit the open-file limit of %d: serving at most %d connections "
+        "(raise the limit with ulimit -n)",
+        max_connections,
+        soft,
+        fitted,
+    )
+    return fitted
+
+
 def _url(host: str, port: int) -> str:
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
@@ -242,9 +274,15 @@ def run_server(
     logger.info("Loading model %s", engine_args.model)
     started = time.time()
     metrics = EngineMetrics(config.model_name)
+    limit_concurrency = open_file_limit(config.limit_concurrency)
     engine = AsyncLLM.from_engine_args(
-        engine_args, max_waiting_requests=config.max_waiting_requests, metrics=metrics
+        engine_args,
+        max_waiting_requests=config.max_waiting_requests,
+        metrics=metrics,
+        stall_timeout_s=config.engine_stall_timeout,
+        step_timeout_s=config.engine_step_timeout,
     )
+    metrics.watch_heartbeat(engine)
     logger.info(
         "Engine ready in %.1f s: max_model_len=%d, served as %s",
         time.time() - started,
@@ -260,6 +298,7 @@ def run_server(
         # clients get an error event / 503 and a clean end rather than a cut connection.
         timeout_graceful_shutdown=config.shutdown_timeout + 5,
         timeout_keep_alive=5,
+        http=guarded_protocol(limit_concurrency, config.header_timeout),
     )
     url = _url(config.host, port)
 

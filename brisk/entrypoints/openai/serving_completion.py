@@ -1,4 +1,5 @@
-"""``POST /v1/completions``: one engine request per prompt, choices numbered ``prompt_index * n + i``."""
+"""``POST /v1/completions``: one engine request per prompt, choices numbered ``prompt_index * n + i``. A list of
+prompts is tokenized in one call and handed to the engine as one batch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse, Response
 
+from brisk.entrypoints.openai.errors import bad_request
 from brisk.entrypoints.openai.logprobs import completion_logprobs
 from brisk.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -43,12 +45,20 @@ class OpenAIServingCompletion(OpenAIServing):
             items = [raw]
         else:
             items = list(raw)
+        limit = self.config.max_prompts_per_request
+        if len(items) > limit:
+            raise bad_request(
+                f"'prompt' holds {len(items)} prompts, above this server's limit of {limit} per request "
+                "(--max-prompts-per-request); split them over several requests.",
+                param="prompt",
+            )
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(await self.encode_all(texts) if texts else [])
         prompts = []
         for i, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{i}]"
             if isinstance(item, str):
-                ids = await self.encode(item, add_special_tokens=True)
-                prompt = _Prompt(item, ids)
+                prompt = _Prompt(item, next(encoded))
             else:
                 self.check_token_ids(item, param)
                 prompt = _Prompt(None, list(item))
@@ -76,14 +86,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 if p.text is None:
                     p.text = await self.decode(p.token_ids)
         ids = ResponseIds.new("cmpl", model)
-        streams = []
-        try:
-            for i, (prompt, sp) in enumerate(zip(prompts, params, strict=True)):
-                streams.append(await self.submit(f"{ids.id}-{i}", prompt.token_ids, sp))
-        except BaseException:
-            for stream in streams:
-                stream.abort()
-            raise
+        streams = await self.submit_all(
+            [(f"{ids.id}-{i}", p.token_ids, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        )
 
         if req.stream:
             return SSEResponse(self._stream(req, ids, prompts, streams), streams)

@@ -15,8 +15,16 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 
-from brisk.engine.async_engine import AsyncLLM, EngineDeadError, EngineError, QueueFullError, RequestStream
-from brisk.entrypoints.openai.config import ServerConfig
+from brisk.engine.async_engine import (
+    AsyncLLM,
+    EngineDeadError,
+    EngineError,
+    EngineStalledError,
+    QueueFullError,
+    RequestStream,
+    RequestTimeoutError,
+)
+from brisk.entrypoints.openai.config import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
 from brisk.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -98,6 +106,11 @@ class OpenAIServing:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         tokenizer = self._require_tokenizer()
         return await self.run_tokenizer(tokenizer.encode, text, add_special_tokens=add_special_tokens)
+
+    async def encode_all(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (with special tokens), in one call to the tokenizer pool."""
+        tokenizer = self._require_tokenizer()
+        return await self.run_tokenizer(lambda: tokenizer(texts, add_special_tokens=True)["input_ids"])
 
     async def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
         tokenizer = self._require_tokenizer()
@@ -221,6 +234,18 @@ class OpenAIServing:
             )
 
     @staticmethod
+    def check_stop_strings(stop: str | list[str] | None) -> None:
+        """Every stop string is searched for after every token: bound how many, and how long."""
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise bad_request(f"'stop' has {len(strings)} strings; at most {MAX_STOP_STRINGS} are allowed.", "stop")
+        longest = max((len(s) for s in strings), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise bad_request(
+                f"A stop string has {longest} characters; at most {MAX_STOP_STRING_CHARS} are allowed.", "stop"
+            )
+
+    @staticmethod
     def sampling_params(fields: dict[str, Any], param_names: dict[str, str] | None = None) -> SamplingParams:
         """``SamplingParams(**fields)`` (``None`` values mean the default), its ValueError as a 400 naming the
         request's own field (``param_names`` maps SamplingParams names to request names)."""
@@ -245,6 +270,7 @@ class OpenAIServing:
         """``sampling_params`` of the fields completions and chat share, ``max_tokens`` as resolved, and the
         endpoint's own ``fields`` (logprobs, ...)."""
         self.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
+        self.check_stop_strings(req.stop)
         return self.sampling_params(
             dict(
                 n=req.n,
@@ -269,16 +295,19 @@ class OpenAIServing:
 
     # ---- the engine ---------------------------------------------------------------------------------------
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        (stream,) = await self.submit_all([(request_id, prompt_ids, params)])
+        return stream
+
+    async def submit_all(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
+        """Hand requests to the engine together (one message, one wait for all), errors as OpenAI errors."""
         try:
-            return await self.engine.add_request(request_id, prompt_ids, params, arrival_time=time.time())
+            return await self.engine.add_requests(requests, time.time(), self.config.request_timeout)
         except ValueError as exc:
             raise bad_request(str(exc), param="prompt") from exc
         except QueueFullError as exc:
-            raise OpenAIError(str(exc), status_code=503, code="server_overloaded") from exc
-        except EngineDeadError as exc:
-            raise OpenAIError(str(exc), status_code=503, code="engine_unavailable") from exc
-        except EngineError as exc:
-            raise OpenAIError(str(exc), status_code=500, code="engine_error") from exc
+            raise OpenAIError(str(exc), status_code=503, code="server_overloaded", headers=RETRY_SOON) from exc
+        except (EngineError, RequestTimeoutError) as exc:
+            raise engine_error(exc) from exc
 
     @staticmethod
     async def final_output(stream: RequestStream) -> RequestOutput:
@@ -286,7 +315,7 @@ class OpenAIServing:
         try:
             async for output in stream:
                 last = output
-        except EngineError as exc:
+        except (EngineError, RequestTimeoutError) as exc:
             raise engine_error(exc) from exc
         finally:
             stream.abort()  # no-op once finished; frees the request if we were cancelled
@@ -326,16 +355,26 @@ class SSEResponse(StreamingResponse):
                 stream.abort()
 
 
+RETRY_SOON = {"Retry-After": "1"}
+
+
 def engine_error(exc: BaseException) -> OpenAIError:
-    status = 503 if isinstance(exc, EngineDeadError) else 500
-    return OpenAIError(str(exc), status_code=status, code="engine_error")
+    """The answer to an engine failure: 503 when the engine cannot serve at all (dead, shut down, stalled),
+    504 when the request ran past the server's request timeout, else 500."""
+    if isinstance(exc, RequestTimeoutError):
+        return OpenAIError(str(exc), status_code=504, code="request_timeout")
+    if isinstance(exc, EngineStalledError):
+        return OpenAIError(str(exc), status_code=503, code="engine_unavailable", headers=RETRY_SOON)
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), status_code=503, code="engine_unavailable")
+    return OpenAIError(str(exc), status_code=500, code="engine_error")
 
 
 def error_event(exc: BaseException) -> str:
     """An error in the middle of a stream (headers already sent): an OpenAI-style error as an SSE event."""
     if isinstance(exc, OpenAIError):
         err = exc
-    elif isinstance(exc, EngineError):
+    elif isinstance(exc, (EngineError, RequestTimeoutError)):
         err = engine_error(exc)
     else:
         logger.error("Unexpected error in a stream", exc_info=exc)
