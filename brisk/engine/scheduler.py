@@ -54,6 +54,10 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Speculative decoding, cumulative: verifying steps of a request, drafts verified, drafts accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class Scheduler:
@@ -72,6 +76,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.spec_decode_totals = [0, 0, 0]  # SchedulerStats' spec_decode_* counters
         self._num_history_requests = 0  # requests whose sampling reads their own token history
 
     # ---- queue management -------------------------------------------------------------------------------
@@ -243,6 +248,8 @@ class Scheduler:
                 request.num_draft_tokens += len(drafts)
                 request.num_accepted_tokens += len(tokens) - 1
                 request.num_spec_steps += 1
+                for i, count in enumerate((1, len(drafts), len(tokens) - 1)):
+                    self.spec_decode_totals[i] += count
                 # Verified KV ends before the last emitted token (it is the next step's input).
                 request.num_computed_tokens = request.num_tokens - 1
                 self.kv.roll_back_slots(request)
@@ -274,4 +281,7 @@ class Scheduler:
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decode_num_drafts=self.spec_decode_totals[0],
+            spec_decode_num_draft_tokens=self.spec_decode_totals[1],
+            spec_decode_num_accepted_tokens=self.spec_decode_totals[2],
         )

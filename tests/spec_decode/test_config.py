@@ -64,3 +64,21 @@ def test_generate_and_bench_flags():
     from brisk.bench.common import engine_kwargs
 
     assert engine_kwargs(args)["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_bench_latency_reports_speculation(tmp_path):
+    """``brisk bench latency --speculative-config`` on a config-only llama (random weights) reports the drafts."""
+    import json
+
+    from brisk.bench import configs
+    from brisk.entrypoints.cli.main import main
+
+    model = str(configs.write_config_folder(tmp_path / "tiny", "llama-tiny-shape"))
+    out = tmp_path / "result.json"
+    argv = ["bench", "latency", "--model", model, "--load-format", "dummy", "--device", "cpu"]
+    argv += ["--kv-cache-memory-bytes", "16MiB", "--num-iters", "1", "--input-len", "32", "--output-len", "16"]
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1}
+    assert main([*argv, "--speculative-config", json.dumps(config), "--output-json", str(out)]) == 0
+    spec = json.loads(out.read_text())["results"]["brisk"]["engine"]["spec_decode"]
+    assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] >= 0 and spec["num_drafts"] > 0
+    assert spec["mean_acceptance_length"] == round(1 + spec["num_accepted_tokens"] / spec["num_drafts"], 3)
