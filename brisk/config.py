@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from brisk.spec_decode.config import SpeculativeConfig
+
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -43,6 +45,7 @@ class EngineArgs:
     enforce_eager: bool = False
     attention_backend: str | None = None
     async_scheduling: bool | None = None  # None: on for CUDA (the host prepares step N+1 during N), off on CPU
+    speculative_config: dict | None = None  # vLLM's fields, e.g. {"method": "ngram", "num_speculative_tokens": 4}
 
     def validate(self) -> None:
         def require(ok: bool, message: str) -> None:
@@ -85,6 +88,11 @@ class EngineArgs:
             self.max_model_len is None or self.max_model_len >= 1,
             f"max_model_len must be >= 1, got {self.max_model_len}.",
         )
+        self.parsed_speculative_config()
+
+    def parsed_speculative_config(self) -> SpeculativeConfig | None:
+        """``speculative_config`` validated (a ValueError names the field to fix), or None without one."""
+        return None if self.speculative_config is None else SpeculativeConfig.from_dict(self.speculative_config)
 
     def _validate_types(self) -> None:
         """Each field's type, so that a wrong one fails here, by name, rather than deep in engine start-up. A field
@@ -110,6 +118,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "kv_cache_memory_bytes": ((int,), "an integer"),
     **{name: ((bool,), "True or False") for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling")},
     "gpu_memory_utilization": ((int, float), "a number"),
+    "speculative_config": ((dict,), "a dict (a JSON object)"),
 }
 
 

@@ -44,6 +44,15 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    # Speculative decoding, over all completions: draft tokens verified, of which accepted, in how many steps.
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens emitted per verifying step (accepted drafts plus the target's own token); None without drafts."""
+        return 1 + self.num_accepted_tokens / self.num_spec_steps if self.num_spec_steps else None
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -159,9 +159,13 @@ class SamplingParams:
     @property
     def has_logits_processors(self) -> bool:
         """Anything that changes the logits beyond temperature and the top-k/p and min-p filters."""
+        return self.has_penalties or self.has_token_constraints
+
+    @property
+    def has_token_constraints(self) -> bool:
+        """Logit bias, allowed tokens, bad words or a grammar: speculative decoding proposes no drafts for these."""
         return (
-            self.has_penalties
-            or self.logit_bias is not None
+            self.logit_bias is not None
             or self.allowed_token_ids is not None
             or self.bad_words is not None
             or self.structured_outputs is not None

@@ -65,6 +65,9 @@ class BriskBackend:
         for key, probe in probes.items():
             with contextlib.suppress(AttributeError):  # the engine changed shape: report what can still be read
                 info[key] = probe()
+        with contextlib.suppress(AttributeError):
+            if engine.speculative_config is not None:
+                info["spec_decode"] = spec_decode_summary(engine.get_stats())
         return info
 
     def run(self, prompts: list[list[int]], output_lens: list[int], temperature: float) -> RunResult:
@@ -91,6 +94,23 @@ class BriskBackend:
 
     def close(self) -> None:
         self.llm = None
+
+
+def spec_decode_summary(stats) -> dict:
+    """Speculative decoding over the engine's life (warm-up included): verifying steps, drafts proposed and
+    accepted, the acceptance rate and the mean acceptance length (tokens per verifying step)."""
+    steps, drafts, accepted = (
+        stats.spec_decode_num_drafts,
+        stats.spec_decode_num_draft_tokens,
+        stats.spec_decode_num_accepted_tokens,
+    )
+    return {
+        "num_drafts": steps,
+        "num_draft_tokens": drafts,
+        "num_accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / drafts, 4) if drafts else None,
+        "mean_acceptance_length": round(1 + accepted / steps, 3) if steps else None,
+    }
 
 
 class HFBackend:

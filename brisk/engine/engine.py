@@ -31,6 +31,7 @@ from brisk.engine.tokenizer import load_tokenizer
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
+from brisk.spec_decode.ngram_proposer import NgramProposer
 from brisk.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class LLMEngine:
             args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
+        self.speculative_config = args.parsed_speculative_config()
+        self.proposer = NgramProposer(self.speculative_config) if self.speculative_config else None
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         if self.device.type == "cuda":
@@ -166,6 +169,7 @@ class LLMEngine:
                 self.step()
         self._new_scheduler(self.kv_cache_manager.pool.num_blocks)
         self.model_runner.sampler.reseed(self.args.seed)
+        self.model_runner.rejection_sampler.reseed(self.args.seed)
         self.step_timer = StepTimer(self.device)
 
     @classmethod
@@ -327,17 +331,22 @@ class LLMEngine:
 
         With async scheduling the next step is scheduled and launched before this one's tokens are read back,
         so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
-        request's sampling needs its whole token history on the host (penalties)."""
+        request's sampling needs its whole token history on the host (penalties), and while speculative
+        decoding proposes drafts: a proposer needs the last step's tokens, and the step after a verification
+        starts where its accepted drafts end, which only the read-back tells."""
         self.step_timer.start()
         failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
         current, self._in_flight = self._in_flight, None
         if current is None:
+            if self._speculating():
+                self._propose_drafts()
             current = self._launch()
             if current is None:
                 if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                     raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
                 return failed
-        if self.async_scheduling and not self.scheduler.needs_sync:
+        pipelined = not (self.scheduler.needs_sync or current.schedule.spec_token_ids or self._speculating())
+        if self.async_scheduling and pipelined:
             self._in_flight = self._launch()
         return failed + self._apply(current.schedule, current.result())
 
@@ -357,6 +366,23 @@ class LLMEngine:
                 parents[parent_id].completions[index].finish_reason = "abort"
         return [self._make_output(parent, time.time()) for parent in parents.values()]
 
+    def _speculating(self) -> bool:
+        """Whether the next step gets drafts: speculation is on and the batch is small enough for it to pay
+        (the load-aware rule). Such steps run one at a time, not pipelined."""
+        return self.proposer is not None and self.speculative_config.is_active(len(self.scheduler.running))
+
+    def _propose_drafts(self) -> None:
+        """Each running request that is decoding, with nothing in flight, gets its drafts for the next step (not
+        those whose logits constraints verification does not apply: they decode one token a step)."""
+        for request in self.scheduler.running:
+            if (
+                request.num_computed_tokens == request.num_tokens - 1
+                and not request.num_pending_tokens
+                and not request.sampling_params.has_token_constraints
+            ):
+                limit = self.scheduler.max_num_drafts(request)
+                request.spec_token_ids = self.proposer.propose(request.all_token_ids, limit)
+
     def _launch(self) -> LaunchedStep | None:
         schedule = self.scheduler.schedule()
         self.step_timer.mark("schedule")
@@ -372,39 +398,47 @@ class LLMEngine:
             req = self.scheduler.requests.get(request_id)
             if req is not None and len(req.prompt_logprobs) == start:
                 req.prompt_logprobs.extend(entries)
-        live: list[tuple[Request, int]] = []  # sampled tokens of requests still running (not aborted meanwhile)
-        for entry, token, lps, lp in zip(
-            schedule.scheduled, result.sampled_token_ids, result.logprobs, result.chosen_logprobs
-        ):
+        # Requests still running (not aborted meanwhile) that sampled, with their output length before the step
+        # (a speculative row may add several tokens).
+        live: list[tuple[Request, int]] = []
+        rows: list[int] = []
+        for row, (entry, token) in enumerate(zip(schedule.scheduled, result.sampled_token_ids)):
             request = entry.request
             if token is None or request.is_finished:
                 continue
-            live.append((request, token))
+            live.append((request, request.num_output_tokens))
+            rows.append(row)
             if request.first_token_time is None:
                 request.first_token_time = now
             request.last_token_time = now
-            if lps is not None:
-                request.logprobs.append(lps)
-                request.cumulative_logprob += lp
-        self.scheduler.update_from_output(schedule, result.sampled_token_ids)
+        self.scheduler.update_from_output(schedule, result.sampled_token_ids, result.accepted_drafts)
+        for (request, before), row in zip(live, rows):
+            self._append_logprobs(request, request.num_output_tokens - before, result, row)
         timer.mark("update")
 
         touched: dict[str, _ParentRequest] = {}
         stopped_by_string: list[str] = []
-        for request, token in live:
+        for request, before in live:
             parent_id, index = self._child_to_parent[request.request_id]
             parent = self._parents[parent_id]
             completion = parent.completions[index]
             if completion.detokenizer is not None:
-                check = request.num_output_tokens > request.sampling_params.min_tokens
-                stop = completion.detokenizer.append(token, check_stop=check)
-                if stop is not None and not request.is_finished:
-                    request.stop_reason = stop
-                    stopped_by_string.append(request.request_id)
-                elif stop is not None and request.status == RequestStatus.FINISHED_LENGTH:
-                    # The last token allowed completed a stop string: the text ends at it, so it stopped there.
-                    request.stop_reason = stop
-                    request.status = RequestStatus.FINISHED_STOPPED
+                for position in range(before, request.num_output_tokens):
+                    check = position + 1 > request.sampling_params.min_tokens
+                    stop = completion.detokenizer.append(request.output_token_ids[position], check_stop=check)
+                    if stop is None:
+                        continue
+                    # A stop string ends the text: tokens emitted after it in the same step are dropped.
+                    truncated = position + 1 < request.num_output_tokens
+                    request.truncate_output(position + 1)
+                    if not request.is_finished:
+                        request.stop_reason = stop
+                        stopped_by_string.append(request.request_id)
+                    elif truncated or request.status == RequestStatus.FINISHED_LENGTH:
+                        # The text ends at the stop string before whatever else would have ended it.
+                        request.stop_reason = stop
+                        request.status = RequestStatus.FINISHED_STOPPED
+                    break
             if request.grammar is not None and request.grammar.done and not request.is_finished:
                 stopped_by_string.append(request.request_id)  # the grammar is complete, or allows nothing more
             touched[parent_id] = parent
@@ -420,6 +454,20 @@ class LLMEngine:
                 outputs.append(self._make_output(parent, now))
         timer.mark("outputs")
         return outputs
+
+    @staticmethod
+    def _append_logprobs(request: Request, num_new: int, result: ModelRunnerOutput, row: int) -> None:
+        """Logprobs of the ``num_new`` tokens the row added: its accepted drafts', then its sampled token's."""
+        if request.logprobs is None or num_new <= 0:
+            return
+        entries, chosen = [], []
+        if result.accepted_drafts and result.accepted_draft_logprobs[row] is not None:
+            entries, chosen = map(list, result.accepted_draft_logprobs[row])
+        if result.logprobs[row] is not None:
+            entries.append(result.logprobs[row])
+            chosen.append(result.chosen_logprobs[row])
+        request.logprobs.extend(entries[:num_new])
+        request.cumulative_logprob += sum(chosen[:num_new])
 
     def _make_output(self, parent: _ParentRequest, now: float) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in parent.completions)
@@ -437,6 +485,10 @@ class LLMEngine:
                 default=None,
             )
         metrics.last_token_time = now
+        children = [c.request for c in parent.completions]
+        metrics.num_draft_tokens = sum(r.num_draft_tokens for r in children)
+        metrics.num_accepted_tokens = sum(r.num_accepted_tokens for r in children)
+        metrics.num_spec_steps = sum(r.num_spec_steps for r in children)
         if finished:
             metrics.finished_time = now
             self._forget(parent)

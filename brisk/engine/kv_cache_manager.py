@@ -77,6 +77,15 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free_queue[block.block_id] = block
 
+    def release_unused(self, blocks: Sequence[KVBlock]) -> None:
+        """Give back blocks that hold nothing worth keeping (no hash): they go to the front of the free queue,
+        to be reused before any block whose cached prefix could still be hit."""
+        for block in blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = block
+                self.free_queue.move_to_end(block.block_id, last=False)
+
     def cache_block(self, block: KVBlock, block_hash: BlockHash) -> None:
         block.block_hash = block_hash
         self.cached.setdefault(block_hash, block)
@@ -178,6 +187,22 @@ class KVCacheManager:
             if blocks[i].block_hash is None:
                 self.pool.cache_block(blocks[i], hashes[i])
         self.req_to_num_cached[request.request_id] = num_full
+
+    def roll_back_slots(self, request: Request) -> None:
+        """After a speculative step: the KV of the first ``num_computed_tokens`` tokens is right, the slots past
+        it held rejected drafts. Publish the blocks that verified tokens filled, and free the blocks past the
+        computed tokens, so the request holds exactly what it would have without speculation. Blocks that held
+        rejected drafts never had a hash (only known tokens are hashed), so the prefix cache keeps none of them."""
+        blocks = self.req_to_blocks[request.request_id]
+        if self.enable_caching:
+            self._cache_full_blocks(request, blocks, request.num_computed_tokens)
+        keep = -(-request.num_computed_tokens // self.block_size)
+        if len(blocks) > keep:
+            self.pool.release_unused(blocks[keep:][::-1])
+            del blocks[keep:]
+            # A new block table, not a shortened one: readers that follow a table by identity and copy only
+            # what was appended (the model runner's input buffers) must see the change.
+            self.req_to_block_ids[request.request_id] = [b.block_id for b in blocks]
 
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, [])

@@ -78,6 +78,15 @@ class EngineMetrics:
             "generation_tokens", "Tokens generated (all completions of a request)."
         )
         self.engine_steps = counter("engine_steps", "Engine steps run (one batch each).")
+        self.spec_decode_num_drafts = counter(
+            "spec_decode_num_drafts", "Speculative decoding: a request's steps that verified drafts."
+        )
+        self.spec_decode_num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens proposed and verified."
+        )
+        self.spec_decode_num_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted by the target."
+        )
         self._request_success = Counter(
             "brisk:request_success",
             "Finished requests by finish reason (stop, length, abort, error; n>1: the first completion's).",
@@ -187,6 +196,9 @@ class EngineMetrics:
             ("prefix_cache_queries", self.prefix_cache_queries),
             ("prefix_cache_hits", self.prefix_cache_hits),
             ("num_preemptions", self.num_preemptions),
+            ("spec_decode_num_drafts", self.spec_decode_num_drafts),
+            ("spec_decode_num_draft_tokens", self.spec_decode_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", self.spec_decode_num_accepted_tokens),
         ):
             value = getattr(stats, name, None)
             if value is None:

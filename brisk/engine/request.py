@@ -60,6 +60,12 @@ class Request:
         # Tokens sampled on the device by a step still in flight (async scheduling): they are not in
         # ``all_token_ids`` yet, but the next step already computes their KV from the device-side copy.
         self.num_pending_tokens = 0
+        # Draft tokens proposed for the next step (speculative decoding); the scheduler takes them when it
+        # schedules the request, and the verified step rolls back those the target rejects.
+        self.spec_token_ids: list[int] = []
+        self.num_draft_tokens = 0  # drafts verified so far
+        self.num_accepted_tokens = 0  # of which accepted
+        self.num_spec_steps = 0  # steps that verified at least one draft
         self.num_cached_tokens = -1  # prefix-cache hit of the first admission; -1 until admitted
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -108,6 +114,18 @@ class Request:
         self.all_token_ids.append(token_id)
         if self.grammar is not None:
             self.grammar.accept(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop generated tokens past the first ``num_output_tokens`` (a stop string ended the text earlier
+        in a step that emitted several tokens), with their logprobs."""
+        drop = self.num_output_tokens - num_output_tokens
+        if drop <= 0:
+            return
+        if self.logprobs is not None:
+            dropped = zip(self.logprobs[num_output_tokens:], self.output_token_ids[num_output_tokens:])
+            self.cumulative_logprob -= sum(position[token].logprob for position, token in dropped)
+            del self.logprobs[num_output_tokens:]
+        del self.output_token_ids[num_output_tokens:], self.all_token_ids[len(self.all_token_ids) - drop :]
 
     def __repr__(self) -> str:
         return (

@@ -38,6 +38,8 @@ class SchedulerOutput:
     block_tables: dict[str, list[int]]
     total_num_tokens: int
     preempted: list[Request] = field(default_factory=list)
+    # Speculative decoding: the draft tokens each request verifies this step (its last ``len(drafts)`` new tokens).
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -52,6 +54,10 @@ class SchedulerStats:
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_preemptions: int
+    # Speculative decoding, cumulative: verifying steps of a request, drafts verified, drafts accepted.
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class Scheduler:
@@ -70,6 +76,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.spec_decode_totals = [0, 0, 0]  # SchedulerStats' spec_decode_* counters
         self._num_history_requests = 0  # requests whose sampling reads their own token history
 
     # ---- queue management -------------------------------------------------------------------------------
@@ -110,6 +117,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        spec_token_ids: dict[str, list[int]] = {}
         now = time.time()
 
         i = 0
@@ -119,15 +127,22 @@ class Scheduler:
                 i += 1
                 continue
             num_new = min(request.num_tokens_with_pending - request.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(request, num_new):
+            # Drafts ride along as extra new tokens, as far as the budget allows.
+            drafts = self._take_drafts(request, budget - num_new)
+            while not self.kv.allocate_slots(request, num_new + len(drafts)):
+                if drafts:  # no room for the drafts: decode plainly rather than preempt anyone for them
+                    drafts = []
+                    continue
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
                     break
             else:
-                scheduled.append(self._book(request, num_new))
-                budget -= num_new
+                scheduled.append(self._book(request, num_new + len(drafts), len(drafts)))
+                budget -= num_new + len(drafts)
+                if drafts:
+                    spec_token_ids[request.request_id] = drafts
                 i += 1
                 continue
             break  # the request preempted itself: nothing after it can run either
@@ -162,17 +177,32 @@ class Scheduler:
             entry.request.request_id: self.kv.get_block_ids(entry.request.request_id) for entry in scheduled
         }
         total = self.max_num_batched_tokens - budget
-        return SchedulerOutput(scheduled, block_tables, total, preempted)
+        return SchedulerOutput(scheduled, block_tables, total, preempted, spec_token_ids)
 
     @staticmethod
-    def _book(request: Request, num_new: int) -> ScheduledRequest:
-        """Count the step's tokens as computed now, and a pending sample if the chunk reaches the end."""
+    def _book(request: Request, num_new: int, num_drafts: int = 0) -> ScheduledRequest:
+        """Count the step's tokens (drafts included) as computed now, and a pending sample if the chunk reaches
+        the end."""
         start = request.num_computed_tokens
         request.num_computed_tokens = start + num_new
-        sample = request.num_computed_tokens == request.num_tokens_with_pending
+        sample = request.num_computed_tokens == request.num_tokens_with_pending + num_drafts
         if sample:
             request.num_pending_tokens += 1
         return ScheduledRequest(request, num_new, start, sample)
+
+    def _take_drafts(self, request: Request, room: int) -> list[int]:
+        """The request's drafts that fit this step: it must be decoding with nothing in flight, and every draft
+        must be able to become an output token (within the budget, max_tokens and max_model_len)."""
+        drafts, request.spec_token_ids = request.spec_token_ids, []
+        if not drafts or request.num_pending_tokens or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        return drafts[: max(0, min(room, self.max_num_drafts(request)))]
+
+    def max_num_drafts(self, request: Request) -> int:
+        """How many drafts the request could verify next step, ignoring the budget (for proposers)."""
+        max_tokens = request.sampling_params.max_tokens
+        room = self.max_model_len - request.num_tokens - 1
+        return room if max_tokens is None else min(room, max_tokens - request.num_output_tokens - 1)
 
     def _finishes_with_pending(self, request: Request) -> bool:
         """Whether the tokens still in flight are sure to end the request by length (so do not schedule it)."""
@@ -185,25 +215,44 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
-    def update_from_output(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Request]:
+    def update_from_output(
+        self, output: SchedulerOutput, sampled: list[int | None], accepted_drafts: list[list[int]] | None = None
+    ) -> list[Request]:
         """Append sampled tokens and apply token-level stops. Returns the requests that finished.
 
         Requests that ended while the step was in flight (aborted, or stopped by an earlier token) drop the
         token; a request preempted meanwhile keeps it (it was computed from its real KV before the blocks
-        were freed)."""
+        were freed). A row that verified drafts appends its accepted drafts before its sampled token, stops at
+        the first token that ends it (the rest are dropped) and rolls back the slots of rejected drafts."""
         finished = []
-        for entry, token in zip(output.scheduled, sampled):
+        for row, (entry, token) in enumerate(zip(output.scheduled, sampled)):
             request = entry.request
             if token is None or request.is_finished:
                 continue
             request.num_pending_tokens -= 1
-            request.append_output_token(token)
-            status = self._check_stop(request, token)
+            drafts = output.spec_token_ids.get(request.request_id)
+            tokens = [*accepted_drafts[row], token] if accepted_drafts else (token,)
+            status = None
+            for token in tokens:
+                request.append_output_token(token)
+                status = self._check_stop(request, token)
+                if status is not None:
+                    break
+            if drafts:
+                request.num_draft_tokens += len(drafts)
+                request.num_accepted_tokens += len(tokens) - 1
+                request.num_spec_steps += 1
+                for i, count in enumerate((1, len(drafts), len(tokens) - 1)):
+                    self.spec_decode_totals[i] += count
+                # Verified KV ends before the last emitted token (it is the next step's input).
+                request.num_computed_tokens = request.num_tokens - 1
+                self.kv.roll_back_slots(request)
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
@@ -232,4 +281,7 @@ class Scheduler:
             prefix_cache_queries=self.kv.prefix_cache_queries,
             prefix_cache_hits=self.kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            spec_decode_num_drafts=self.spec_decode_totals[0],
+            spec_decode_num_draft_tokens=self.spec_decode_totals[1],
+            spec_decode_num_accepted_tokens=self.spec_decode_totals[2],
         )

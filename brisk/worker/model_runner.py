@@ -8,7 +8,7 @@ step's sampled ids on the device (``InputBuffers``: an input id ``-1 - row``), s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
+from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
 from brisk.worker.cuda_graphs import DecodeGraphs
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
@@ -37,6 +38,10 @@ class ModelRunnerOutput:
     logprobs: list[PositionLogprobs | None]
     chosen_logprobs: list[float | None]
     prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]]
+    # Speculative steps: per row, the accepted draft tokens that come before its sampled token, and their
+    # logprobs and chosen logprobs (lists in step with the tokens) where logprobs were asked for.
+    accepted_drafts: list[list[int]] | None = None
+    accepted_draft_logprobs: list[tuple[list[PositionLogprobs], list[float]] | None] = field(default_factory=list)
 
 
 class LaunchedStep:
@@ -52,6 +57,7 @@ class LaunchedStep:
         chosen: list[float | None] | None,
         prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]],
         host_inputs: tuple[torch.Tensor, ...] = (),
+        verification: Verification | None = None,
     ):
         self.schedule = schedule
         self._host_inputs = host_inputs  # pinned memory the step's kernels read in place: kept until it is done
@@ -61,8 +67,11 @@ class LaunchedStep:
         self._logprobs = logprobs
         self._chosen = chosen
         self._prompt_logprobs = prompt_logprobs
+        self._verification = verification  # a speculative step: verified on the host already
 
     def result(self) -> ModelRunnerOutput:
+        if self._verification is not None:
+            return self._verified_result(self._verification)
         num_rows = len(self.schedule.scheduled)
         sampled: list[int | None] = [None] * num_rows
         logprobs: list[PositionLogprobs | None] = [None] * num_rows
@@ -76,6 +85,19 @@ class LaunchedStep:
                 if self._logprobs is not None:
                     logprobs[row], chosen[row] = self._logprobs[j], self._chosen[j]
         return ModelRunnerOutput(sampled, logprobs, chosen, self._prompt_logprobs)
+
+    def _verified_result(self, verification: Verification) -> ModelRunnerOutput:
+        num_rows = len(self.schedule.scheduled)
+        output = ModelRunnerOutput([None] * num_rows, [None] * num_rows, [None] * num_rows, self._prompt_logprobs)
+        output.accepted_drafts = [[] for _ in range(num_rows)]
+        output.accepted_draft_logprobs = [None] * num_rows
+        for j, row in enumerate(self._sample_rows):
+            *output.accepted_drafts[row], output.sampled_token_ids[row] = verification.token_ids[j]
+            lps, chosen = verification.logprobs[j], verification.chosen_logprobs[j]
+            if lps is not None:
+                output.logprobs[row], output.chosen_logprobs[row] = lps[-1], chosen[-1]
+                output.accepted_draft_logprobs[row] = (lps[:-1], chosen[:-1])
+        return output
 
 
 class ModelRunner:
@@ -94,6 +116,7 @@ class ModelRunner:
         self.attention_backend = attention_backend
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
+        self.rejection_sampler = RejectionSampler(self.sampler, seed)
         self.kv_caches: list[torch.Tensor] = []
         # The last launched step's sampled ids (on the device) and each sampling request's row in them.
         self._last_sampled: torch.Tensor | None = None
@@ -189,7 +212,10 @@ class ModelRunner:
                 step.input_ids[token] = request.all_token_ids[start]
             elif known > start:
                 step.input_ids[token : token + known - start] = request.all_token_ids[start:known]
-            if known < end:
+            drafts = out.spec_token_ids.get(request.request_id)
+            if drafts:
+                step.input_ids[token + num_new - len(drafts) : token + num_new] = drafts
+            elif known < end:
                 assert end - known == 1, "only the last sampled token can be in flight"
                 step.input_ids[token + num_new - 1] = -1 - self._last_sample_rows[request.request_id]
                 fed = True
@@ -222,6 +248,11 @@ class ModelRunner:
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
         sampled_host = done = logprobs = chosen = None
         host_inputs: tuple[torch.Tensor, ...] = ()
+        if sample_rows and out.spec_token_ids:
+            verification = self._verify(out, sample_rows, hidden, metadata)
+            prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
+            timer.mark("sample")
+            return LaunchedStep(out, sample_rows, None, None, None, None, prompt_logprobs, verification=verification)
         if sample_rows:
             if len(sample_rows) == num_tokens:  # pure decode: every row samples
                 rows = hidden
@@ -246,6 +277,22 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
         timer.mark("sample")
         return LaunchedStep(out, sample_rows, sampled_host, done, logprobs, chosen, prompt_logprobs, host_inputs)
+
+    def _verify(
+        self, out: SchedulerOutput, sample_rows: list[int], hidden: torch.Tensor, metadata: AttentionMetadata
+    ) -> Verification:
+        """A step with drafts: logits at each sampling row's last token and at each of its drafts, checked by the
+        rejection sampler (rows without drafts just sample). Reads the tokens back: the next step's inputs depend
+        on how many drafts were accepted."""
+        requests = [out.scheduled[i].request for i in sample_rows]
+        drafts = [out.spec_token_ids.get(r.request_id, []) for r in requests]
+        index = []
+        for i, d in zip(sample_rows, drafts):
+            end = metadata.query_start_loc_cpu[i + 1]
+            index.extend(range(end - 1 - len(d), end))
+        logits = self.model.compute_logits(hidden[to_device_async(index, torch.int64, self.device)])
+        self._last_sampled, self._last_sample_rows = None, {}
+        return self.rejection_sampler(logits, requests, drafts)
 
     def _prompt_logprobs(
         self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, metadata: AttentionMetadata

@@ -184,19 +184,41 @@ class Sampler:
         ids, host_ids = self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31))
         return SamplerOutput(ids, None, None, host_token_ids=host_ids, host_inputs=(temperature,))
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
+    def _probs(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool]) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p: the distribution a sampled row draws from (greedy rows: T=1)."""
         params = [r.sampling_params for r in requests]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
         temperature = to_device_async(temps, torch.float32, self.device)
-        logits = _filter(logits / temperature[:, None], params, self.device)
-        probs = logits.softmax(dim=-1)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p; each seeded row uses its own stream.
+        return _filter(logits / temperature[:, None], params, self.device).softmax(dim=-1)
+
+    def target_probs(self, logits: torch.Tensor, requests) -> torch.Tensor:
+        """Each row's full sampling distribution (penalties and min_tokens included): what speculative decoding
+        verifies drafts against. A greedy row's is a point mass on its argmax, the token it would pick."""
+        logits = logits.float()
+        if any(r.sampling_params.has_penalties for r in requests):
+            _apply_penalties(logits, requests)
+        _apply_min_tokens(logits, requests)
+        greedy = [r.sampling_params.greedy for r in requests]
+        if all(greedy):
+            return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+        probs = self._probs(logits, requests, greedy)
+        if any(greedy):
+            rows = to_device_async([i for i, g in enumerate(greedy) if g], torch.int64, self.device)
+            probs[rows] = torch.nn.functional.one_hot(logits[rows].argmax(dim=-1), logits.shape[-1]).float()
+        return probs
+
+    def draw(self, probs: torch.Tensor, requests, greedy: list[bool]) -> torch.Tensor:
+        """One token per row from (unnormalized) ``probs``. Exponential race: argmax(p / E) with E ~ Exp(1) draws
+        from p; each seeded row uses its own stream (greedy rows draw nothing from it)."""
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for row, request in enumerate(requests):
             if request.generator is not None and not greedy[row]:
                 own = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
                 noise[row] = own.to(self.device)
-        sampled = (probs / noise).argmax(dim=-1)
+        return (probs / noise).argmax(dim=-1)
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
+        sampled = self.draw(self._probs(logits, requests, greedy), requests, greedy)
         if not any(greedy):
             return sampled
         return torch.where(to_device_async(greedy, torch.bool, self.device), greedy_ids, sampled)

@@ -12,7 +12,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from brisk.entrypoints.cli.engine_args import parse_bytes, positive_int
+from brisk.entrypoints.cli.engine_args import (
+    add_speculative_arguments,
+    parse_bytes,
+    positive_int,
+    speculative_config,
+)
 from brisk.loader.resolve import DEFAULT_MODEL
 
 DEFAULT_MAX_TOKENS = 256
@@ -117,6 +122,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
     )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
+    add_speculative_arguments(g)
     g.add_argument(
         "--verbose",
         "-v",
@@ -221,6 +227,7 @@ def engine_args_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        speculative_config=speculative_config(args),
     )
     engine_args.validate()
     return engine_args

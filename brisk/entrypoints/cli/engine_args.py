@@ -7,6 +7,7 @@ defaults (``EngineArgs``) apply otherwise; the defaults named in the help are th
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 # The EngineArgs fields these flags set, in the order they are passed on.
@@ -28,6 +29,7 @@ ENGINE_FLAGS = (
     "enforce_eager",
     "attention_backend",
     "async_scheduling",
+    "speculative_config",
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -51,6 +53,46 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def json_object(text: str) -> dict:
+    """A JSON object on the command line, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def add_speculative_arguments(group) -> None:
+    """``--speculative-config`` and ``--speculative-disable-by-batch-size`` (vLLM's flags)."""
+    group.add_argument(
+        "--speculative-config",
+        type=json_object,
+        default=None,
+        help='Speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+        "(see docs/speculative-decoding.md; default: off).",
+    )
+    group.add_argument(
+        "--speculative-disable-by-batch-size",
+        type=positive_int,
+        default=None,
+        help="Propose no drafts while this many requests or more are running (sets the speculative "
+        "config's disable_by_batch_size).",
+    )
+
+
+def speculative_config(args: argparse.Namespace) -> dict | None:
+    """``--speculative-config`` with ``--speculative-disable-by-batch-size`` folded in (the flag wins)."""
+    config = getattr(args, "speculative_config", None)
+    disable = getattr(args, "speculative_disable_by_batch_size", None)
+    if disable is None:
+        return config
+    if config is None:
+        raise ValueError("--speculative-disable-by-batch-size needs --speculative-config.")
+    return {**config, "disable_by_batch_size": disable}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine") -> None:
@@ -97,8 +139,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         default=None,
         help="Schedule and launch step N+1 while step N runs on the device (default: on for CUDA, off on CPU).",
     )
+    add_speculative_arguments(g)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """The EngineArgs fields given on the command line (flags left at ``None`` are left out)."""
-    return {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name, None) is not None}
+    kwargs = {name: getattr(args, name) for name in ENGINE_FLAGS if getattr(args, name, None) is not None}
+    if speculative_config(args) is not None:
+        kwargs["speculative_config"] = speculative_config(args)
+    return kwargs

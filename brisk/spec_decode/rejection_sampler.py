@@ -1,0 +1,130 @@
+"""Verification of draft tokens by rejection sampling: the tokens it emits follow the target model's own sampling
+distribution, whatever the drafts were.
+
+Draft ``t_j`` is accepted with probability ``min(1, p_j(t_j) / q_j(t_j))``, where ``p_j`` is the target's full
+sampling distribution at that position (penalties, min_tokens, temperature, top-k, top-p, min-p, computed as if
+the drafts before it were accepted) and ``q_j`` the proposer's. At the first rejection the token is drawn from
+the residual ``max(0, p_j - q_j)``, normalized; if every draft is accepted, one more token is drawn from the
+next position's ``p``. The n-gram proposer is deterministic, so its ``q_j`` is a point mass: accept with
+probability ``p_j(t_j)``, and the residual is ``p_j`` without ``t_j``. Greedy rows have a point-mass ``p`` on the
+argmax, so they accept exactly the drafts the plain path would have produced and then emit its next token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from brisk.device_transfer import to_device_async
+from brisk.engine.request import Request
+from brisk.outputs import PositionLogprobs
+from brisk.worker.sampler import Sampler
+
+
+class _DraftPosition:
+    """A request as it would stand after accepting its first drafts: the fields the sampler reads."""
+
+    def __init__(self, request: Request, accepted: list[int]):
+        self.request_id = request.request_id
+        self.sampling_params = request.sampling_params
+        self.eos_token_ids = request.eos_token_ids
+        self.generator = request.generator
+        self._request = request
+        self._accepted = accepted
+        self.num_output_tokens = request.num_output_tokens + len(accepted)
+        self.num_pending_tokens = 1  # the token this position samples
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self._request.all_token_ids + self._accepted
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._request.output_token_ids + self._accepted
+
+
+@dataclass
+class Verification:
+    """Per request, in order: the emitted tokens (accepted drafts, then one drawn token) and, for requests that
+    asked for logprobs, each emitted token's logprobs and chosen logprob."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[PositionLogprobs] | None]
+    chosen_logprobs: list[list[float] | None]
+
+
+class RejectionSampler:
+    def __init__(self, sampler: Sampler, seed: int):
+        self.sampler = sampler
+        self.generator = torch.Generator()  # acceptance draws of unseeded requests (on the host)
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> Verification:
+        """``logits`` has ``len(drafts[i]) + 1`` rows per request, in order: the target's prediction after each
+        token of the request's step (its last known token, then each draft)."""
+        positions = [_DraftPosition(r, d[:j]) for r, d in zip(requests, drafts) for j in range(len(d) + 1)]
+        probs = self.sampler.target_probs(logits, positions)
+        starts = [0]
+        for d in drafts:
+            starts.append(starts[-1] + len(d) + 1)
+        draft_rows = [starts[i] + j for i, d in enumerate(drafts) for j in range(len(d))]
+        draft_tokens = [t for d in drafts for t in d]
+        p_draft: list[float] = []
+        if draft_rows:
+            rows = to_device_async(draft_rows, torch.int64, self.sampler.device)
+            p_draft = probs[rows, to_device_async(draft_tokens, torch.int64, self.sampler.device)].tolist()
+
+        emit_rows, rejected, accepted = [], [], []
+        k = 0
+        for i, (request, d) in enumerate(zip(requests, drafts)):
+            p = p_draft[k : k + len(d)]
+            k += len(d)
+            if request.sampling_params.greedy:
+                num_accepted = next((j for j, pj in enumerate(p) if pj < 0.5), len(d))  # p is 0 or 1
+            else:
+                u = torch.rand(len(d), generator=request.generator or self.generator).tolist()
+                num_accepted = next((j for j in range(len(d)) if u[j] >= p[j]), len(d))
+            accepted.append(d[:num_accepted])
+            emit_rows.append(starts[i] + num_accepted)
+            if num_accepted < len(d):
+                rejected.append((i, d[num_accepted]))
+        residual = self.residual(probs[to_device_async(emit_rows, torch.int64, self.sampler.device)], rejected)
+        greedy = [r.sampling_params.greedy for r in requests]
+        # A greedy row's residual is a point mass on its argmax, so the race draws that token too.
+        drawn = residual.argmax(dim=-1) if all(greedy) else self.sampler.draw(residual, requests, greedy)
+        token_ids = [a + [t] for a, t in zip(accepted, drawn.tolist())]
+        logprobs, chosen = self._logprobs(logits, positions, starts, token_ids)
+        return Verification(token_ids, logprobs, chosen)
+
+    @staticmethod
+    def residual(probs: torch.Tensor, rejected: list[tuple[int, int]]) -> torch.Tensor:
+        """Where rows rejected a draft (row, token): ``max(0, p - q)`` for a point-mass ``q``, which is ``p``
+        without that token (unnormalized: the draw does not need it). Other rows keep ``p`` (the bonus token)."""
+        if rejected:
+            rows, tokens = zip(*rejected)
+            probs[list(rows), list(tokens)] = 0.0
+        return probs
+
+    @staticmethod
+    def _logprobs(logits: torch.Tensor, positions: list[_DraftPosition], starts: list[int], token_ids):
+        """Raw logprobs of the emitted tokens only (rejected drafts leave none)."""
+        num_requests = len(token_ids)
+        logprobs: list[list[PositionLogprobs] | None] = [None] * num_requests
+        chosen: list[list[float] | None] = [None] * num_requests
+        wanted = [i for i in range(num_requests) if positions[starts[i]].sampling_params.logprobs is not None]
+        if not wanted:
+            return logprobs, chosen
+        rows = [starts[i] + j for i in wanted for j in range(len(token_ids[i]))]
+        ids = torch.tensor([t for i in wanted for t in token_ids[i]], device=logits.device)
+        raw = logits[to_device_async(rows, torch.int64, logits.device)].float().log_softmax(dim=-1)
+        entries, values = Sampler._gather_logprobs(raw, ids, positions, rows)
+        k = 0
+        for i in wanted:
+            n = len(token_ids[i])
+            logprobs[i], chosen[i] = entries[k : k + n], values[k : k + n]
+            k += n
+        return logprobs, chosen

@@ -1,0 +1,84 @@
+"""``speculative_config`` validation and the ``--speculative-config`` / ``--speculative-disable-by-batch-size``
+flags of ``brisk serve``, ``brisk bench`` and ``brisk generate`` (parsing only; nothing is loaded)."""
+
+import pytest
+
+from brisk.config import EngineArgs
+from brisk.entrypoints.cli import common
+from brisk.entrypoints.cli.main import build_parser
+from brisk.entrypoints.cli.serve import build_configs
+from brisk.spec_decode.config import SpeculativeConfig
+
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+def test_defaults_and_vllm_window_rule():
+    config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4})
+    assert (config.prompt_lookup_min, config.prompt_lookup_max, config.disable_by_batch_size) == (2, 5, None)
+    only_max = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (3, 3)
+    limited = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 4})
+    assert limited.is_active(3) and not limited.is_active(4)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "exceeds"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "num_lookahead": 2}, "num_lookahead"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
+    ],
+)
+def test_bad_configs_name_the_field(config, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(model="m", speculative_config=config).validate()
+
+
+def test_a_non_dict_is_refused():
+    with pytest.raises(ValueError, match="speculative_config must be a dict"):
+        EngineArgs(model="m", speculative_config="ngram").validate()
+
+
+def test_serve_flags(monkeypatch):
+    monkeypatch.delenv("BRISK_API_KEY", raising=False)
+    args = build_parser().parse_args(
+        ["serve", "m", "--speculative-config", NGRAM, "--speculative-disable-by-batch-size", "8"]
+    )
+    engine, _ = build_configs(args)
+    assert engine.speculative_config == {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 8}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--speculative-config", "[1, 2]"])
+
+
+def test_generate_and_bench_flags():
+    args = build_parser().parse_args(["generate", "hi", "--model", "m", "--speculative-config", NGRAM])
+    assert common.engine_args_from_args(args).speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+    args = build_parser().parse_args(["generate", "hi", "--model", "m", "--speculative-disable-by-batch-size", "2"])
+    with pytest.raises(ValueError, match="needs --speculative-config"):
+        common.engine_args_from_args(args)
+    args = build_parser().parse_args(["bench", "latency", "--model", "m", "--speculative-config", NGRAM])
+    from brisk.bench.common import engine_kwargs
+
+    assert engine_kwargs(args)["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_bench_latency_reports_speculation(tmp_path):
+    """``brisk bench latency --speculative-config`` on a config-only llama (random weights) reports the drafts."""
+    import json
+
+    from brisk.bench import configs
+    from brisk.entrypoints.cli.main import main
+
+    model = str(configs.write_config_folder(tmp_path / "tiny", "llama-tiny-shape"))
+    out = tmp_path / "result.json"
+    argv = ["bench", "latency", "--model", model, "--load-format", "dummy", "--device", "cpu"]
+    argv += ["--kv-cache-memory-bytes", "16MiB", "--num-iters", "1", "--input-len", "32", "--output-len", "16"]
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1}
+    assert main([*argv, "--speculative-config", json.dumps(config), "--output-json", str(out)]) == 0
+    spec = json.loads(out.read_text())["results"]["brisk"]["engine"]["spec_decode"]
+    assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] >= 0 and spec["num_drafts"] > 0
+    assert spec["mean_acceptance_length"] == round(1 + spec["num_accepted_tokens"] / spec["num_drafts"], 3)

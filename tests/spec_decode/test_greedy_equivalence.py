@@ -1,0 +1,98 @@
+"""Speculative decoding with the n-gram proposer gives exactly the plain path's greedy tokens (and text, finish
+reasons, logprobs), through prefix-cache hits, chunked prefill, forced preemption, ``n = 3``, stop strings and
+async scheduling. The tiny random model accepts few drafts, so most steps exercise the rollback."""
+
+import pytest
+
+from brisk import LLM, SamplingParams
+from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama):
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    prompts = prompts_with_shared_prefix(llm.get_tokenizer())
+    return prompts, token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+
+
+def assert_speculated(outputs) -> None:
+    """Drafts were verified, some accepted and some rejected (both paths ran)."""
+    proposed = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert 0 < accepted < proposed
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"enable_prefix_caching": False},
+        {"enable_prefix_caching": True},
+        {"max_num_batched_tokens": 16, "enable_prefix_caching": False},
+        # 12 blocks of 16 tokens (512 bytes per token): requests preempt each other.
+        {"kv_cache_memory_bytes": 12 * 16 * 512, "max_model_len": 160},
+        {"async_scheduling": True},
+    ],
+    ids=["plain", "prefix-cache", "chunked-prefill", "preemption", "async"],
+)
+def test_same_greedy_tokens(tiny_llama, baseline, engine_kwargs):
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu", speculative_config=NGRAM, **engine_kwargs)
+    if engine_kwargs.get("enable_prefix_caching"):
+        llm.generate(prompts[:1], GREEDY, use_tqdm=False)  # so that the batch hits the cached prefix
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    assert_speculated(outputs)
+    kv = llm.engine.kv_cache_manager
+    assert kv.num_free_blocks == kv.pool.num_blocks and not kv.req_to_blocks
+    if "kv_cache_memory_bytes" in engine_kwargs:
+        assert llm.engine.get_stats().num_preemptions > 0
+    if engine_kwargs.get("enable_prefix_caching"):
+        assert all(o.num_cached_tokens > 0 for o in outputs)
+
+
+def test_n_3_and_load_aware_switching(tiny_llama, baseline):
+    """With ``disable_by_batch_size`` 2 and async scheduling, steps switch between pipelined plain decoding (three
+    completions running) and speculation (one left)."""
+    prompts, expected = baseline
+    config = {**NGRAM, "disable_by_batch_size": 2}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, async_scheduling=True)
+    params = [SamplingParams(n=3, temperature=0, max_tokens=8 + 8 * i, ignore_eos=True) for i in range(3)]
+    outputs = llm.generate(prompts[:1] * 3, params, use_tqdm=False)
+    for output, p in zip(outputs, params):
+        assert [c.token_ids for c in output.outputs] == [expected[0][: p.max_tokens]] * 3
+
+
+def test_stops_logprobs_and_min_tokens_match(tiny_llama, baseline):
+    """Tokens emitted after a stop (EOS, stop token, stop string, max_tokens) in the same verified step are
+    dropped, and logprobs cover the emitted tokens only."""
+    prompts, expected = baseline
+    plain = LLM(tiny_llama, device="cpu")
+    spec = LLM(tiny_llama, device="cpu", speculative_config=NGRAM)
+    text = plain.get_tokenizer().decode(expected[0][:20])
+    params = [
+        SamplingParams(temperature=0, max_tokens=24, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[expected[1][9]], min_tokens=3),
+        SamplingParams(temperature=0, max_tokens=24, stop=[text[-6:-2]], logprobs=0),
+        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True, repetition_penalty=1.3),
+    ]
+    chosen = prompts[:4]
+    a = plain.generate(chosen, params, use_tqdm=False)
+    b = spec.generate(chosen, params, use_tqdm=False)
+    for x, y in zip(a, b):
+        cx, cy = x.outputs[0], y.outputs[0]
+        assert (cy.token_ids, cy.text, cy.finish_reason, cy.stop_reason) == (
+            cx.token_ids,
+            cx.text,
+            cx.finish_reason,
+            cx.stop_reason,
+        )
+        if cx.logprobs is not None:
+            assert len(cy.logprobs) == len(cy.token_ids)
+            for px, py in zip(cx.logprobs, cy.logprobs):
+                assert px.keys() == py.keys()
+                assert all(abs(px[t].logprob - py[t].logprob) < 1e-4 for t in px)
+            assert cy.cumulative_logprob == pytest.approx(cx.cumulative_logprob, abs=1e-3)
+    assert_speculated(b)
