@@ -26,6 +26,8 @@ ENGINE_FLAGS = (
     "enforce_eager",
     "attention_backend",
     "async_scheduling",
+    "quantization",
+    "kv_cache_dtype",
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -92,6 +94,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Schedule and launch step N+1 while step N runs on the device (default: on for CUDA, off on CPU).",
+    )
+    g.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        help="fp8 (quantize the weights while loading) or the checkpoint's own format, e.g. compressed-tensors "
+        "(default: the checkpoint's quantization_config, if any).",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        help="auto (the model's dtype) or fp8 / fp8_e4m3 (float8_e4m3fn with per-layer scales; default: auto).",
     )
 
 
