@@ -19,6 +19,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # auto: the model's dtype; fp8 is float8_e4m3fn
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -46,6 +47,8 @@ class EngineArgs:
     attention_backend: str | None = None
     async_scheduling: bool | None = None  # None: on for CUDA (the host prepares step N+1 during N), off on CPU
     speculative_config: dict | None = None  # vLLM's fields, e.g. {"method": "ngram", "num_speculative_tokens": 4}
+    quantization: str | None = None  # None: the checkpoint's quantization_config, if any; "fp8": quantize on load
+    kv_cache_dtype: str = "auto"
 
     def validate(self) -> None:
         def require(ok: bool, message: str) -> None:
@@ -79,6 +82,16 @@ class EngineArgs:
             self.gpu_memory_utilization is None or self.kv_cache_memory_bytes is None,
             "gpu_memory_utilization and kv_cache_memory_bytes both size the KV cache: give one of them.",
         )
+        require(
+            self.kv_cache_dtype in KV_CACHE_DTYPES,
+            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.",
+        )
+        from brisk.layers.quantization import QUANTIZATION_METHODS
+
+        require(
+            self.quantization is None or self.quantization in QUANTIZATION_METHODS,
+            f"quantization must be one of {sorted(QUANTIZATION_METHODS)} (or unset), got {self.quantization!r}.",
+        )
         require(0 <= self.seed < 2**63, f"seed must be in [0, 2**63), got {self.seed}.")
         require(
             self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0,
@@ -110,7 +123,10 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "tokenizer": ((str, Path), "a path or a name"),
     "revision": ((str,), "a string"),
     "download_dir": ((str, Path), "a path"),
-    **{name: ((str,), "a string") for name in ("dtype", "device", "load_format", "attention_backend")},
+    **{
+        name: ((str,), "a string")
+        for name in ("dtype", "device", "load_format", "attention_backend", "quantization", "kv_cache_dtype")
+    },
     **{
         name: ((int,), "an integer")
         for name in ("max_model_len", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed")
@@ -181,6 +197,8 @@ class ModelConfig:
     num_layers: int
     num_kv_heads: int
     head_size: int
+    quant_config: object | None = None  # a brisk.layers.quantization config: how linear layers hold weights
+    kv_cache_dtype: torch.dtype | None = None  # None: the model's dtype
 
     @classmethod
     def from_hf_config(cls, path: Path, hf_config, dtype: torch.dtype, max_model_len: int | None) -> ModelConfig:
@@ -204,6 +222,10 @@ class ModelConfig:
             num_kv_heads=getattr(text_config, "num_key_value_heads", None) or num_heads,
             head_size=head_size,
         )
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.kv_cache_dtype or self.dtype
 
     def kv_bytes_per_token(self, kv_dtype: torch.dtype) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_size * kv_dtype.itemsize

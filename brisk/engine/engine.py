@@ -29,6 +29,7 @@ from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
+from brisk.layers.quantization import get_quantization_config
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
 from brisk.spec_decode.ngram_proposer import NgramProposer
@@ -81,6 +82,9 @@ class LLMEngine:
         hf_config = read_hf_config(path)
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
+        self.model_config.quant_config = get_quantization_config(args.quantization, hf_config)
+        if args.kv_cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={args.kv_cache_dtype!r} is not supported yet; use 'auto'.")
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
         self.tokenizer = load_tokenizer(

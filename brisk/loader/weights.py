@@ -58,13 +58,24 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
     for param in model.parameters():
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-        param.data.uniform_(-1e-3, 1e-3, generator=generators[param.device])
+        if param.is_floating_point():
+            param.data.uniform_(-1e-3, 1e-3, generator=generators[param.device])
+        else:  # quantized integer codes (random values of a 4-bit range)
+            param.data.random_(0, 16, generator=generators[param.device])
 
 
 def load_model(model_config: ModelConfig, device: torch.device, load_format: str, attention_backend: str, seed: int):
     model_cls = get_model_class(model_config.hf_config)
+    quant_config = model_config.quant_config
+    if quant_config is not None:
+        packed: dict[str, list[str]] = {}
+        for fragment, (fused, _) in model_cls.packed_modules_mapping.items():
+            packed.setdefault(fused, []).append(fragment)
+        quant_config.packed_modules = packed
     with torch.device(device):
-        model = model_cls(model_config.hf_config, model_config.dtype, model_config.max_model_len, attention_backend)
+        model = model_cls(
+            model_config.hf_config, model_config.dtype, model_config.max_model_len, attention_backend, quant_config
+        )
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:

@@ -28,17 +28,31 @@ class LayerOptions:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, dtype: torch.dtype, max_position: int, backend: str, options: LayerOptions):
+    def __init__(
+        self, config, dtype: torch.dtype, max_position: int, backend: str, options: LayerOptions, quant, prefix: str
+    ):
         super().__init__()
         self.head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_size, config.num_attention_heads, num_kv_heads, options.qkv_bias, dtype
+            config.hidden_size,
+            self.head_size,
+            config.num_attention_heads,
+            num_kv_heads,
+            options.qkv_bias,
+            dtype,
+            quant,
+            f"{prefix}.qkv_proj",
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_size, config.hidden_size, options.o_bias, dtype
+            config.num_attention_heads * self.head_size,
+            config.hidden_size,
+            options.o_bias,
+            dtype,
+            quant,
+            f"{prefix}.o_proj",
         )
         self.q_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if options.qk_norm else None
         self.k_norm = RMSNorm(self.head_size, config.rms_norm_eps, dtype) if options.qk_norm else None
@@ -58,10 +72,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config, dtype: torch.dtype, bias: bool):
+    def __init__(self, config, dtype: torch.dtype, bias: bool, quant, prefix: str):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, bias, dtype)
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias, dtype)
+        hidden, intermediate = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate] * 2, bias, dtype, quant, f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias, dtype, quant, f"{prefix}.down_proj")
         if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):  # transformers' swish is SiLU
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported (only silu).")
         self.act_fn = SiluAndMul()
@@ -72,10 +89,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, dtype, max_position, backend, options: LayerOptions):
+    def __init__(self, config, dtype, max_position, backend, options: LayerOptions, quant, prefix: str):
         super().__init__()
-        self.self_attn = LlamaAttention(config, dtype, max_position, backend, options)
-        self.mlp = LlamaMLP(config, dtype, options.mlp_bias)
+        self.self_attn = LlamaAttention(config, dtype, max_position, backend, options, quant, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(config, dtype, options.mlp_bias, quant, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -90,11 +107,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, dtype, max_position, backend, options: LayerOptions):
+    def __init__(self, config, dtype, max_position, backend, options: LayerOptions, quant):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, max_position, backend, options) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, dtype, max_position, backend, options, quant, f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
 
@@ -126,7 +144,9 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config, dtype: torch.dtype, max_position: int, attention_backend: str):
+    def __init__(self, config, dtype: torch.dtype, max_position: int, attention_backend: str, quant_config=None):
+        """``quant_config``: a ``brisk.layers.quantization`` config that gives each linear layer its quant method
+        (None: plain weights)."""
         super().__init__()
         window = self.sliding_window(config)
         if window and window < max_position:
@@ -142,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
             mlp_bias=self.config_mlp_bias and bool(getattr(config, "mlp_bias", False)),
             qk_norm=self.qk_norm,
         )
-        self.model = LlamaModel(config, dtype, max_position, attention_backend, options)
+        self.model = LlamaModel(config, dtype, max_position, attention_backend, options, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype)
         if self.tie_word_embeddings:
@@ -183,8 +203,11 @@ class LlamaForCausalLM(nn.Module):
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
             try:
-                if not tensor.is_floating_point():
-                    raise ValueError(f"dtype {tensor.dtype}; brisk loads floating-point weights")
+                if tensor.is_floating_point() != param.is_floating_point():
+                    raise ValueError(
+                        f"dtype {tensor.dtype}, expected {param.dtype} (a quantized checkpoint needs the "
+                        "quantization_config its tool writes into config.json)"
+                    )
                 loader = getattr(param, "weight_loader", None)
                 if loader is None:
                     check_loaded_shape(tensor, param.shape)

@@ -30,6 +30,8 @@ ENGINE_FLAGS = (
     "attention_backend",
     "async_scheduling",
     "speculative_config",
+    "quantization",
+    "kv_cache_dtype",
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -140,6 +142,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         help="Schedule and launch step N+1 while step N runs on the device (default: on for CUDA, off on CPU).",
     )
     add_speculative_arguments(g)
+    g.add_argument(
+        "--quantization",
+        "-q",
+        default=None,
+        help="fp8 (quantize the weights while loading) or the checkpoint's own format, e.g. compressed-tensors "
+        "(default: the checkpoint's quantization_config, if any).",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        help="auto (the model's dtype) or fp8 / fp8_e4m3 (float8_e4m3fn with per-layer scales; default: auto).",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

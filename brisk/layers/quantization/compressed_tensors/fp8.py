@@ -1,0 +1,59 @@
+"""compressed-tensors FP8 (``float-quantized``): FP8 weights with per-tensor or per-channel scales; inputs
+quantized per token at run time (FP8_DYNAMIC), with a static per-tensor scale (FP8), or not at all
+(weight-only FP8)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from brisk.layers.quantization.compressed_tensors.schemes import (
+    add_param,
+    add_per_shard_scale,
+    per_row,
+    replace_param,
+    unsupported,
+    weight_strategy,
+)
+from brisk.layers.quantization.fp8_utils import FP8_DTYPE, dequantize, fp8_linear, has_fp8_tensor_cores
+
+
+class CompressedTensorsW8A8Fp8:
+    def __init__(self, weights: dict, inputs: dict | None, prefix: str):
+        self.strategy = weight_strategy(weights, ("tensor", "channel"), prefix)
+        self.static_input = False
+        if inputs is not None:
+            if inputs.get("type") != "float" or inputs.get("num_bits") != 8:
+                raise unsupported(prefix, f"FP8 weights with {inputs.get('type')} {inputs.get('num_bits')}-bit inputs")
+            if not inputs.get("symmetric", True):
+                raise unsupported(prefix, "asymmetric FP8 input quantization")
+            dynamic, strategy = inputs.get("dynamic"), inputs.get("strategy")
+            if (dynamic, strategy) not in ((True, "token"), (False, "tensor")):
+                raise unsupported(prefix, f"FP8 input strategy {strategy!r} with dynamic={dynamic}")
+            self.static_input = not dynamic
+        self.quantize_inputs = inputs is not None
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        add_param(layer, "weight", torch.empty(out_features, in_features, dtype=FP8_DTYPE), output_dim=0, input_dim=1)
+        if self.strategy == "channel":
+            add_param(layer, "weight_scale", torch.empty(out_features, 1, dtype=torch.float32), output_dim=0)
+        else:
+            add_per_shard_scale(layer, "weight_scale")
+        if self.static_input:
+            add_per_shard_scale(layer, "input_scale")
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.strategy == "tensor":
+            replace_param(layer, "weight_scale", per_row(layer, layer.weight_scale.data))
+        else:
+            replace_param(layer, "weight_scale", layer.weight_scale.data.float())
+        if self.static_input:  # the fused projections share their input: one scale (the largest) for all
+            replace_param(layer, "input_scale", layer.input_scale.data.float().amax().reshape(1))
+        self.native = has_fp8_tensor_cores(layer.weight.device)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.quantize_inputs or (x.is_cuda and not self.native):  # weight-only FP8
+            return F.linear(x, dequantize(layer.weight, layer.weight_scale).to(x.dtype), bias)
+        input_scale = layer.input_scale if self.static_input else None
+        return fp8_linear(x, layer.weight, layer.weight_scale, bias, input_scale, self.native)

@@ -1,0 +1,75 @@
+"""Which linear method runs a compressed-tensors group, from its quantization arguments and storage format, and
+the parameter helpers the schemes share."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from brisk.layers.linear import set_weight_attrs
+from brisk.layers.quantization.base_config import LinearMethod
+
+
+def unsupported(prefix: str, what: str) -> ValueError:
+    return ValueError(f"compressed-tensors scheme of {prefix}: {what} is not supported.")
+
+
+def make_linear_method(weights: dict | None, inputs: dict | None, fmt: str, prefix: str) -> LinearMethod:
+    """The scheme class for ``format`` and the weight/input argument dicts (a ValueError naming what is not
+    supported otherwise)."""
+    if weights is None:
+        raise unsupported(prefix, "a group without weight quantization")
+    if weights.get("dynamic"):
+        raise unsupported(prefix, "dynamic weight quantization")
+    if weights.get("actorder"):
+        raise unsupported(prefix, f"weights actorder={weights['actorder']!r} (GPTQ activation order)")
+    kind, bits = weights.get("type"), weights.get("num_bits")
+    if kind == "float" and bits == 8 and fmt in ("float-quantized", "naive-quantized"):
+        from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
+
+        return CompressedTensorsW8A8Fp8(weights, inputs, prefix)
+    if kind == "int" and bits == 8 and fmt in ("int-quantized", "naive-quantized") and inputs is not None:
+        from brisk.layers.quantization.compressed_tensors.int8 import CompressedTensorsW8A8Int8
+
+        return CompressedTensorsW8A8Int8(weights, inputs, prefix)
+    if kind == "int" and fmt == "pack-quantized" and inputs is None:
+        from brisk.layers.quantization.compressed_tensors.wna16 import CompressedTensorsWNA16
+
+        return CompressedTensorsWNA16(weights, prefix)
+    raise unsupported(
+        prefix,
+        f"format {fmt!r} with {kind} {bits}-bit weights and "
+        f"{'no' if inputs is None else str(inputs.get('type')) + ' ' + str(inputs.get('num_bits')) + '-bit'} "
+        "input quantization",
+    )
+
+
+def weight_strategy(args: dict, allowed: tuple[str, ...], prefix: str) -> str:
+    strategy = args.get("strategy")
+    if strategy not in allowed:
+        raise unsupported(prefix, f"weights strategy {strategy!r} (supported: {', '.join(allowed)})")
+    return strategy
+
+
+def add_param(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> nn.Parameter:
+    """Register ``tensor`` as parameter ``name`` (tagged for the weight loader, see ``set_weight_attrs``)."""
+    param = set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs)
+    layer.register_parameter(name, param)
+    return param
+
+
+def add_per_shard_scale(layer: nn.Module, name: str) -> nn.Parameter:
+    """A per-tensor scale: one float32 per fused projection (q, k, v each have their own)."""
+    shards = len(layer.output_partition_sizes)
+    return add_param(layer, name, torch.zeros(shards, dtype=torch.float32), per_shard=True)
+
+
+def per_row(layer: nn.Module, shard_scales: torch.Tensor) -> torch.Tensor:
+    """Per-shard scalars as one float32 per output row, shape ``(out_features, 1)``: each fused projection keeps
+    its own scale exactly (no requantization to a shared one)."""
+    sizes = torch.tensor(layer.output_partition_sizes, device=shard_scales.device)
+    return shard_scales.float().repeat_interleave(sizes)[:, None]
+
+
+def replace_param(layer: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    setattr(layer, name, nn.Parameter(tensor, requires_grad=False))

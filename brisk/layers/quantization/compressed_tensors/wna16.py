@@ -1,0 +1,95 @@
+"""compressed-tensors WNA16 (``pack-quantized``: W4A16, W8A16): integer weights packed into int32 along the input
+dimension (element ``i`` at bits ``i * num_bits``), a scale per output channel or per group of ``group_size``
+inputs, a zero point per scale (asymmetric; packed along the output dimension); inputs stay unquantized.
+
+The weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors does), so
+the computation equals the library's decompressed model. A dequantizing GEMM kernel is future work."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from brisk.distributed.parallel_state import get_tp_size
+from brisk.layers.quantization.compressed_tensors.schemes import add_param, replace_param, unsupported, weight_strategy
+
+SUPPORTED_BITS = (2, 4, 8)  # whole values per int32 word
+
+
+def unpack_int32(packed: torch.Tensor, num_bits: int, size: int, dim: int) -> torch.Tensor:
+    """Unsigned ``num_bits`` values packed little-end first along ``dim`` of an int32 tensor, signed back
+    (minus ``2 ** (num_bits - 1)``) and cut to ``size`` along that dimension."""
+    moved = packed.movedim(dim, -1)
+    shifts = torch.arange(0, 32, num_bits, device=packed.device, dtype=torch.int32)
+    values = (moved[..., None] >> shifts) & ((1 << num_bits) - 1)
+    values = values.flatten(-2)[..., :size] - (1 << (num_bits - 1))
+    return values.to(torch.int8).movedim(-1, dim)
+
+
+class CompressedTensorsWNA16:
+    def __init__(self, weights: dict, prefix: str):
+        self.prefix = prefix
+        self.num_bits = weights.get("num_bits")
+        if self.num_bits not in SUPPORTED_BITS:
+            raise unsupported(prefix, f"{self.num_bits}-bit packed weights (supported: {SUPPORTED_BITS})")
+        self.strategy = weight_strategy(weights, ("channel", "group"), prefix)
+        self.group_size = weights.get("group_size") if self.strategy == "group" else None
+        self.symmetric = weights.get("symmetric", True)
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        per_word = 32 // self.num_bits
+        if in_features % per_word:
+            raise unsupported(self.prefix, f"input size {in_features} (not a multiple of {per_word})")
+        group = self.group_size or in_features
+        if in_features % group:
+            raise ValueError(
+                f"compressed-tensors scheme of {self.prefix}: group_size {group} does not divide the input size "
+                f"{in_features}."
+            )
+        groups = in_features // group
+        add_param(
+            layer,
+            "weight_packed",
+            torch.empty(out_features, in_features // per_word, dtype=torch.int32),
+            output_dim=0,
+            input_dim=1,
+            packed_dim=1,
+            packed_factor=per_word,
+        )
+        add_param(layer, "weight_scale", torch.empty(out_features, groups, dtype=dtype), output_dim=0, input_dim=1)
+        shards = len(layer.output_partition_sizes)
+        add_param(layer, "weight_shape", torch.zeros(shards, 2, dtype=torch.int64), per_shard=True)
+        if not self.symmetric:
+            for size in layer.output_partition_sizes:
+                if size % per_word:
+                    raise unsupported(self.prefix, f"asymmetric zero points of {size} outputs ({per_word} a word)")
+            zero = torch.empty(out_features // per_word, groups, dtype=torch.int32)
+            add_param(layer, "weight_zero_point", zero, output_dim=0, input_dim=1, packed_dim=0, packed_factor=per_word)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        # The loader checked every packed tensor's shape; weight_shape (the unpacked one, per fused projection)
+        # must agree. Under tensor parallelism it holds the unsharded shape, which the loader already checked.
+        expected = [[size, layer.in_features] for size in layer.output_partition_sizes]
+        if get_tp_size() == 1 and layer.weight_shape.tolist() != expected:
+            raise ValueError(
+                f"{self.prefix}: the checkpoint's weight_shape {layer.weight_shape.tolist()} does not match the "
+                f"layer's {expected}."
+            )
+        qweight = unpack_int32(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
+        replace_param(layer, "weight_q", qweight)
+        del layer.weight_packed
+        if not self.symmetric:
+            zeros = unpack_int32(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
+            replace_param(layer, "weight_zero_point", zeros)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """``(q - zero) * scale`` per group, in the scale's dtype (compressed-tensors' ``dequantize``)."""
+        scale = layer.weight_scale
+        q = layer.weight_q.unflatten(-1, (scale.shape[1], -1)).to(scale.dtype)
+        if not self.symmetric:
+            q = q - layer.weight_zero_point.to(scale.dtype)[..., None]
+        return (q * scale[..., None]).flatten(-2)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

@@ -1,0 +1,68 @@
+"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: ``torch._scaled_mm`` on GPUs with FP8 tensor cores, the
+same arithmetic emulated on the CPU (quantize, dequantize, matmul in float32), weight-only dequantization on
+other GPUs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
+_MIN_SCALE = 1e-12  # an all-zero row or token still gets a usable scale
+
+
+def has_fp8_tensor_cores(device: torch.device) -> bool:
+    """Ada (sm89), Hopper (sm90) and Blackwell have FP8 tensor cores; ``torch._scaled_mm`` needs them."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x / scale`` rounded to the nearest FP8 value (saturating at +-448), as compressed-tensors does."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_fp8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row scaled so its largest magnitude maps to 448 (per output channel for a weight, per token for an
+    activation); returns the FP8 tensor and the float32 scales, shape ``(rows, 1)``."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    return quantize_fp8(x, scale), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    input_scale: torch.Tensor | None,
+    native: bool,
+) -> torch.Tensor:
+    """``x W^T + b`` with FP8 ``weight`` (N, K) and float32 ``weight_scale`` (N, 1); the input is quantized per
+    token (``input_scale`` None) or with the static per-tensor ``input_scale``. ``native``: ``torch._scaled_mm``
+    (GPU with FP8 tensor cores, not exercised on the CPU test machine); otherwise the same quantization with the
+    product computed in float32."""
+    rows = x.reshape(-1, x.shape[-1])
+    if input_scale is None:
+        xq, x_scale = quantize_fp8_per_row(rows)
+    else:
+        xq, x_scale = quantize_fp8(rows, input_scale), input_scale.reshape(1, 1).expand(rows.shape[0], 1)
+    if native:
+        # Row-wise scales on both sides (per token, per channel); row-wise _scaled_mm writes bfloat16.
+        out = torch._scaled_mm(
+            xq,
+            weight.t(),
+            scale_a=x_scale.contiguous(),
+            scale_b=weight_scale.reshape(1, -1).contiguous(),
+            out_dtype=torch.bfloat16,
+        ).to(x.dtype)
+        if bias is not None:
+            out = out + bias
+    else:
+        out = F.linear(dequantize(xq, x_scale), dequantize(weight, weight_scale)).to(x.dtype)
+        if bias is not None:
+            out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])

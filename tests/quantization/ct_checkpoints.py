@@ -1,0 +1,116 @@
+"""compressed-tensors checkpoints of the tiny test models, made with the compressed-tensors library the way
+llmcompressor's round-to-nearest ``QuantizationModifier`` makes them (its min-max observer is
+``calculate_qparams`` over each weight's rows or groups; static input scales from a calibration pass), and the
+library's own reference: its decompression of the saved files, run by transformers with the library's
+quantized forward (inputs quantized as the scheme says)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from compressed_tensors.compressors import ModelCompressor
+from compressed_tensors.quantization import (
+    QuantizationConfig,
+    QuantizationStatus,
+    apply_quantization_config,
+    preset_name_to_scheme,
+)
+from compressed_tensors.quantization.utils import calculate_qparams
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog. Paris is the capital of France. def add(a, b):"
+
+
+def _weight_min_max(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tensor]:
+    if args.strategy == "tensor":
+        return weight.amin().reshape(1), weight.amax().reshape(1)
+    if args.strategy == "channel":
+        return weight.amin(1, keepdim=True), weight.amax(1, keepdim=True)
+    if args.strategy == "group":
+        groups = weight.unflatten(-1, (-1, args.group_size))
+        return groups.amin(-1), groups.amax(-1)
+    raise ValueError(f"no observer here for weight strategy {args.strategy}")
+
+
+def _calibrate_inputs(model, tokenizer) -> None:
+    """Static per-tensor input scales from the inputs each quantized layer sees on a short text."""
+    seen: dict[torch.nn.Module, list[torch.Tensor]] = {}
+    hooks = []
+    for module in model.modules():
+        inputs = getattr(getattr(module, "quantization_scheme", None), "input_activations", None)
+        if inputs is not None and not inputs.dynamic:
+            hooks.append(module.register_forward_pre_hook(lambda m, args: seen.setdefault(m, []).append(args[0])))
+    with torch.no_grad():
+        model(tokenizer(CALIBRATION_TEXT, return_tensors="pt").input_ids)
+    for hook in hooks:
+        hook.remove()
+    for module, values in seen.items():
+        x = torch.cat([v.flatten() for v in values])
+        scale, zero = calculate_qparams(
+            x.amin().reshape(1), x.amax().reshape(1), module.quantization_scheme.input_activations
+        )
+        module.input_scale.data.copy_(scale.reshape(module.input_scale.shape))
+        if hasattr(module, "input_zero_point"):
+            module.input_zero_point.data.copy_(zero.reshape(module.input_zero_point.shape))
+
+
+def make_ct_checkpoint(base: str, out: Path, preset: str, **weight_args) -> str:
+    """Quantize the HF folder ``base`` with the compressed-tensors ``preset`` scheme (``weight_args`` override
+    its weight arguments, e.g. ``group_size=32, symmetric=False``) and save it compressed into ``out``."""
+    from transformers import AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    for key, value in weight_args.items():
+        setattr(scheme.weights, key, value)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    with torch.no_grad():
+        for module in model.modules():
+            scheme = getattr(module, "quantization_scheme", None)
+            if scheme is None:
+                continue
+            scale, zero = calculate_qparams(*_weight_min_max(module.weight, scheme.weights), scheme.weights)
+            module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
+    _calibrate_inputs(model, tokenizer)
+    for module in model.modules():
+        if hasattr(module, "quantization_scheme"):
+            module.quantization_status = QuantizationStatus.FROZEN
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(out)
+    compressor.update_config(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def library_reference_model(base: str, folder: str):
+    """transformers' model of ``base`` carrying the checkpoint in ``folder`` as compressed-tensors decompresses
+    it: the scheme applied, the saved (compressed) tensors loaded as they are, then ``decompress_model``.
+
+    (transformers' own loader would do the same, but in this version it builds the compressed parameters on the
+    meta device, where asymmetric zero points get their unpacked shape, and refuses the checkpoint.)"""
+    config = json.loads((Path(folder) / "config.json").read_text())["quantization_config"]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    quant_config = QuantizationConfig.model_validate(config)
+    apply_quantization_config(model, quant_config)
+    compressor = ModelCompressor(quantization_config=quant_config)
+    with torch.no_grad():
+        compressor.compress_model(model)  # only to give the modules their compressed parameters
+        state = load_file(str(Path(folder) / "model.safetensors"))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and all("weight" not in name or "lm_head" in name for name in missing), missing
+        compressor.decompress_model(model)
+    return model
+
+
+def copy_tokenizer(src: str, dst: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(src) / name).is_file():
+            shutil.copy(Path(src) / name, dst / name)

@@ -1,0 +1,74 @@
+"""compressed-tensors checkpoints (made with the library, as llmcompressor saves them): brisk's logits and greedy
+tokens against the library's own decompression run by transformers, float32 on the CPU."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from brisk import LLM, SamplingParams
+from tests.quantization.ct_checkpoints import library_reference_model
+
+PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):", "Numbers: 0 1 2 3 4 5"]
+MAX_TOKENS = 12
+
+# (preset, weight overrides): every scheme brisk runs, with the storage format and tensors it produces.
+SCHEMES = {
+    "fp8-dynamic": ("FP8_DYNAMIC", {}),  # float-quantized: per-channel weight scales, per-token inputs
+    "fp8-static": ("FP8", {}),  # per-tensor weight scales (per q/k/v shard), static input scales
+    "fp8-static-channel": ("FP8", {"strategy": "channel"}),
+    "w8a8-int8": ("W8A8", {}),  # int-quantized: int8 per-channel weights, int8 per-token inputs
+    "w8a16-g32": ("W8A16", {"group_size": 32}),  # pack-quantized, 4 values an int32
+    "w4a16-g32": ("W4A16", {"group_size": 32}),  # pack-quantized, 8 values an int32
+    "w4a16-g64-asym": ("W4A16_ASYM", {"group_size": 64}),  # + packed zero points
+    "w4a16-channel": ("W4A16", {"strategy": "channel", "group_size": None}),
+}
+
+
+def _reference(base: str, folder: str) -> tuple[list[list[int]], torch.Tensor]:
+    """Greedy tokens and the last-position logits of every prompt, from the library's reference model."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = library_reference_model(base, folder)
+    tokens, logits = [], []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt, return_tensors="pt").input_ids
+            logits.append(model(ids).logits[0, -1])
+            out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
+            tokens.append(out[0, ids.shape[1] :].tolist())
+    return tokens, torch.stack(logits)
+
+
+def _brisk_logits(llm: LLM) -> torch.Tensor:
+    """Last-position logits of every prompt through the engine's model (one prefill each)."""
+    from brisk.forward_context import set_forward_context
+    from brisk.worker.model_runner import _single_sequence_metadata
+
+    runner = llm.engine.model_runner
+    tokenizer = llm.get_tokenizer()
+    rows = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor(tokenizer(prompt).input_ids)
+            metadata = _single_sequence_metadata(len(ids), runner.block_size, runner.device)
+            with set_forward_context(metadata):
+                hidden = runner.model(ids, torch.arange(len(ids)))
+            rows.append(runner.model.compute_logits(hidden[-1:])[0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_matches_library_reference(ct_checkpoint, tiny_llama, scheme):
+    """Greedy tokens exact; last-position logits within 1e-4 (float32 matmuls summed in another order)."""
+    preset, weight_args = SCHEMES[scheme]
+    folder = ct_checkpoint(preset, **weight_args)
+    assert json.loads((Path(folder) / "config.json").read_text())["quantization_config"]["quant_method"] == (
+        "compressed-tensors"
+    )
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    expected_tokens, expected_logits = _reference(tiny_llama, folder)
+    got = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == expected_tokens
+    torch.testing.assert_close(_brisk_logits(llm), expected_logits, rtol=0, atol=1e-4)
