@@ -17,6 +17,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
+EXECUTOR_BACKENDS = ("uni", "mp")  # uni: the engine's process is the only rank; mp: one worker process per rank
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -41,6 +42,13 @@ class EngineArgs:
     enforce_eager: bool = False
     attention_backend: str | None = None
     async_scheduling: bool | None = None  # None: on for CUDA (the host prepares step N+1 during N), off on CPU
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: "uni" for one rank, "mp" for more
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def validate(self) -> None:
         def require(ok: bool, message: str) -> None:
@@ -83,6 +91,21 @@ class EngineArgs:
             self.max_model_len is None or self.max_model_len >= 1,
             f"max_model_len must be >= 1, got {self.max_model_len}.",
         )
+        require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}.")
+        require(
+            self.pipeline_parallel_size >= 1,
+            f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}.",
+        )
+        require(
+            self.distributed_executor_backend in (None, *EXECUTOR_BACKENDS),
+            f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, got "
+            f"{self.distributed_executor_backend!r}.",
+        )
+        require(
+            self.distributed_executor_backend != "uni" or self.world_size == 1,
+            f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
+            f"pipeline_parallel_size = {self.world_size} ranks need 'mp'.",
+        )
 
     def _validate_types(self) -> None:
         """Each field's type, so that a wrong one fails here, by name, rather than deep in engine start-up. A field
@@ -98,10 +121,21 @@ class EngineArgs:
 
 _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "tokenizer": ((str, Path), "a path or a name"),
-    **{name: ((str,), "a string") for name in ("dtype", "device", "load_format", "attention_backend")},
+    **{
+        name: ((str,), "a string")
+        for name in ("dtype", "device", "load_format", "attention_backend", "distributed_executor_backend")
+    },
     **{
         name: ((int,), "an integer")
-        for name in ("max_model_len", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed")
+        for name in (
+            "max_model_len",
+            "block_size",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "seed",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+        )
     },
     "kv_cache_memory_bytes": ((int,), "an integer"),
     **{name: ((bool,), "True or False") for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling")},

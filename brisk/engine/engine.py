@@ -27,10 +27,11 @@ from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
+from brisk.executor import create_executor
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
-from brisk.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
+from brisk.worker.model_runner import LaunchedStep, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +94,7 @@ class LLMEngine:
         self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
         self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
         with self._startup_phase("weights"):
-            self.model_runner = ModelRunner(
-                self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
-            )
+            self.model_runner = create_executor(args, self.model_config, self.device, backend)
         with self._startup_phase("KV cache"):
             num_blocks = self._plan_kv_cache()
             self.model_runner.allocate_kv_cache(num_blocks)
@@ -158,7 +157,7 @@ class LLMEngine:
             while self.has_unfinished_requests() or self._in_flight is not None:  # also the step launched ahead
                 self.step()
         self._new_scheduler(self.kv_cache_manager.pool.num_blocks)
-        self.model_runner.sampler.reseed(self.args.seed)
+        self.model_runner.reseed_sampler(self.args.seed)
         self.step_timer = StepTimer(self.device)
 
     @classmethod

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from brisk.entrypoints.cli.engine_args import parse_bytes, positive_int
+from brisk.entrypoints.cli.engine_args import PARALLEL_FLAGS, add_parallel_arguments, parse_bytes, positive_int
 from brisk.loader.resolve import DEFAULT_MODEL
 
 DEFAULT_MAX_TOKENS = 256
@@ -108,6 +108,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
     )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
+    add_parallel_arguments(g)
     g.add_argument(
         "--verbose",
         "-v",
@@ -205,6 +206,7 @@ def engine_args_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        **{name: getattr(args, name) for name in PARALLEL_FLAGS if getattr(args, name) is not None},
     )
     engine_args.validate()
     return engine_args

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 
+PARALLEL_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend")
+
 # The EngineArgs fields these flags set, in the order they are passed on.
 ENGINE_FLAGS = (
     "tokenizer",
@@ -26,6 +28,7 @@ ENGINE_FLAGS = (
     "enforce_eager",
     "attention_backend",
     "async_scheduling",
+    *PARALLEL_FLAGS,
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -92,6 +95,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Schedule and launch step N+1 while step N runs on the device (default: on for CUDA, off on CPU).",
+    )
+    add_parallel_arguments(g)
+
+
+def add_parallel_arguments(group) -> None:
+    """``-tp``, ``-pp`` and the executor backend (vLLM's names), each defaulting to ``None`` (not given)."""
+    group.add_argument(
+        "--tensor-parallel-size", "-tp", type=positive_int, default=None, help="Tensor-parallel ranks (default: 1)."
+    )
+    group.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=positive_int,
+        default=None,
+        help="Pipeline-parallel stages (default: 1; more is not implemented yet).",
+    )
+    group.add_argument(
+        "--distributed-executor-backend",
+        choices=("uni", "mp"),
+        default=None,
+        help="uni: one rank in the engine's process; mp: one worker process per rank (default: uni for one rank, "
+        "mp for more).",
     )
 
 
