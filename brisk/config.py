@@ -20,6 +20,7 @@ _DTYPES = {
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # auto: the model's dtype; fp8 is float8_e4m3fn
+EXECUTOR_BACKENDS = ("uni", "mp")  # uni: the engine's process is the only rank; mp: one worker process per rank
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -49,6 +50,13 @@ class EngineArgs:
     speculative_config: dict | None = None  # vLLM's fields, e.g. {"method": "ngram", "num_speculative_tokens": 4}
     quantization: str | None = None  # None: the checkpoint's quantization_config, if any; "fp8": quantize on load
     kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: "uni" for one rank, "mp" for more
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     def validate(self) -> None:
         def require(ok: bool, message: str) -> None:
@@ -101,6 +109,26 @@ class EngineArgs:
             self.max_model_len is None or self.max_model_len >= 1,
             f"max_model_len must be >= 1, got {self.max_model_len}.",
         )
+        require(self.tensor_parallel_size >= 1, f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}.")
+        require(
+            self.pipeline_parallel_size >= 1,
+            f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}.",
+        )
+        require(
+            self.distributed_executor_backend in (None, *EXECUTOR_BACKENDS),
+            f"distributed_executor_backend must be one of {EXECUTOR_BACKENDS}, got "
+            f"{self.distributed_executor_backend!r}.",
+        )
+        require(
+            self.distributed_executor_backend != "uni" or self.world_size == 1,
+            f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
+            f"pipeline_parallel_size = {self.world_size} ranks need 'mp'.",
+        )
+        require(
+            self.speculative_config is None or self.world_size == 1,
+            "speculative_config is not supported with more than one rank yet: use tensor_parallel_size=1 and "
+            "pipeline_parallel_size=1, or leave speculative decoding off.",
+        )
         self.parsed_speculative_config()
 
     def parsed_speculative_config(self) -> SpeculativeConfig | None:
@@ -125,11 +153,27 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "download_dir": ((str, Path), "a path"),
     **{
         name: ((str,), "a string")
-        for name in ("dtype", "device", "load_format", "attention_backend", "quantization", "kv_cache_dtype")
+        for name in (
+            "dtype",
+            "device",
+            "load_format",
+            "attention_backend",
+            "quantization",
+            "kv_cache_dtype",
+            "distributed_executor_backend",
+        )
     },
     **{
         name: ((int,), "an integer")
-        for name in ("max_model_len", "block_size", "max_num_batched_tokens", "max_num_seqs", "seed")
+        for name in (
+            "max_model_len",
+            "block_size",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "seed",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+        )
     },
     "kv_cache_memory_bytes": ((int,), "an integer"),
     **{name: ((bool,), "True or False") for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling")},

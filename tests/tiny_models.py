@@ -46,7 +46,7 @@ def build_tokenizer(vocab_size: int = 384):
     )
 
 
-def _config(arch: str, vocab_size: int, eos_id: int):
+def _config(arch: str, vocab_size: int, eos_id: int, num_kv_heads: int = 2):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
@@ -55,7 +55,7 @@ def _config(arch: str, vocab_size: int, eos_id: int):
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=num_kv_heads,
         max_position_embeddings=1024,
         eos_token_id=eos_id,
         bos_token_id=eos_id,
@@ -83,12 +83,13 @@ def _config(arch: str, vocab_size: int, eos_id: int):
     raise ValueError(arch)
 
 
-def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Write a tiny ``arch`` model (llama, mistral, qwen2, qwen3) with a tokenizer into ``folder`` and return it."""
+def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_kv_heads: int = 2) -> Path:
+    """Write a tiny ``arch`` model (llama, mistral, qwen2, qwen3; 4 attention heads, ``num_kv_heads`` KV heads) with
+    a tokenizer into ``folder`` and return it."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer()
-    config = _config(arch, len(tokenizer), tokenizer.eos_token_id)
+    config = _config(arch, len(tokenizer), tokenizer.eos_token_id, num_kv_heads)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     folder.mkdir(parents=True, exist_ok=True)

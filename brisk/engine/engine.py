@@ -28,12 +28,13 @@ from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
+from brisk.executor import create_executor
 from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
 from brisk.layers.quantization import get_quantization_config
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
 from brisk.spec_decode.ngram_proposer import NgramProposer
-from brisk.worker.model_runner import LaunchedStep, ModelRunner, ModelRunnerOutput
+from brisk.worker.model_runner import LaunchedStep, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,9 @@ class LLMEngine:
             args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
-        self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
+        self.constraints = RequestConstraints(
+            self.tokenizer, hf_config.vocab_size, self.eos_token_ids, args.world_size
+        )
 
         backend = args.attention_backend or default_backend(self.device)
         if backend not in ATTENTION_BACKENDS:
@@ -105,9 +108,7 @@ class LLMEngine:
         self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
         self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
         with self._startup_phase("weights"):
-            self.model_runner = ModelRunner(
-                self.model_config, self.device, args.block_size, backend, args.load_format, args.seed
-            )
+            self.model_runner = create_executor(args, self.model_config, self.device, backend)
         with self._startup_phase("KV cache"):
             num_blocks = self._plan_kv_cache()
             self.model_runner.allocate_kv_cache(num_blocks)
@@ -172,8 +173,7 @@ class LLMEngine:
             while self.has_unfinished_requests() or self._in_flight is not None:  # also the step launched ahead
                 self.step()
         self._new_scheduler(self.kv_cache_manager.pool.num_blocks)
-        self.model_runner.sampler.reseed(self.args.seed)
-        self.model_runner.rejection_sampler.reseed(self.args.seed)
+        self.model_runner.reseed_sampler(self.args.seed)
         self.step_timer = StepTimer(self.device)
 
     @classmethod

@@ -189,6 +189,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         tp = get_tp_size()
         if num_heads % tp:
             raise ValueError(f"num_attention_heads={num_heads} is not divisible by tensor_parallel_size={tp}")
+        if (num_kv_heads % tp) if num_kv_heads >= tp else (tp % num_kv_heads):
+            raise ValueError(
+                f"num_key_value_heads={num_kv_heads} and tensor_parallel_size={tp}: one must divide the other "
+                "(KV heads are split across ranks, or replicated when there are fewer of them)"
+            )
         self.head_size = head_size
         self.num_heads = num_heads // tp
         self.num_kv_heads = max(1, num_kv_heads // tp)

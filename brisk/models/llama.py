@@ -220,8 +220,15 @@ class LlamaForCausalLM(nn.Module):
         missing = self._missing_tensors(params, loaded)
         if missing:
             raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
-        embedding = self.model.embed_tokens.weight
-        if tied_head is not None and not torch.equal(tied_head.to(embedding.device, embedding.dtype), embedding):
+        embed_tokens = self.model.embed_tokens
+        whole_shape = (embed_tokens.vocab_size, embed_tokens.weight.shape[1])
+        if tied_head is not None and (
+            tuple(tied_head.shape) != whole_shape
+            or not torch.equal(
+                embed_tokens.shard(tied_head).to(embed_tokens.weight.device, embed_tokens.weight.dtype),
+                embed_tokens.weight,
+            )
+        ):
             raise ValueError(
                 "config.json says tie_word_embeddings, but the checkpoint's lm_head.weight differs from "
                 "model.embed_tokens.weight: set tie_word_embeddings to false in config.json to use both."

@@ -122,6 +122,10 @@ class ModelRunner:
         self._last_sampled: torch.Tensor | None = None
         self._last_sample_rows: dict[str, int] = {}
 
+    def reseed_sampler(self, seed: int) -> None:
+        self.sampler.reseed(seed)
+        self.rejection_sampler.reseed(seed)
+
     # ---- KV cache -----------------------------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
         return self.block_size * self.model_config.kv_bytes_per_token(self.model_config.dtype)

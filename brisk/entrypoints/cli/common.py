@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from brisk.entrypoints.cli.engine_args import (
+    PARALLEL_FLAGS,
+    add_parallel_arguments,
     add_speculative_arguments,
     parse_bytes,
     positive_int,
@@ -123,6 +125,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
     add_speculative_arguments(g)
+    add_parallel_arguments(g)
     g.add_argument(
         "--verbose",
         "-v",
@@ -228,6 +231,7 @@ def engine_args_from_args(args: argparse.Namespace):
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         speculative_config=speculative_config(args),
+        **{name: getattr(args, name) for name in PARALLEL_FLAGS if getattr(args, name) is not None},
     )
     engine_args.validate()
     return engine_args

@@ -10,6 +10,8 @@ import argparse
 import json
 import re
 
+PARALLEL_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend")
+
 # The EngineArgs fields these flags set, in the order they are passed on.
 ENGINE_FLAGS = (
     "tokenizer",
@@ -32,6 +34,7 @@ ENGINE_FLAGS = (
     "speculative_config",
     "quantization",
     "kv_cache_dtype",
+    *PARALLEL_FLAGS,
 )
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -153,6 +156,28 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         "--kv-cache-dtype",
         default=None,
         help="auto (the model's dtype) or fp8 / fp8_e4m3 (float8_e4m3fn with per-layer scales; default: auto).",
+    )
+    add_parallel_arguments(g)
+
+
+def add_parallel_arguments(group) -> None:
+    """``-tp``, ``-pp`` and the executor backend (vLLM's names), each defaulting to ``None`` (not given)."""
+    group.add_argument(
+        "--tensor-parallel-size", "-tp", type=positive_int, default=None, help="Tensor-parallel ranks (default: 1)."
+    )
+    group.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=positive_int,
+        default=None,
+        help="Pipeline-parallel stages (default: 1; more is not implemented yet).",
+    )
+    group.add_argument(
+        "--distributed-executor-backend",
+        choices=("uni", "mp"),
+        default=None,
+        help="uni: one rank in the engine's process; mp: one worker process per rank (default: uni for one rank, "
+        "mp for more).",
     )
 
 

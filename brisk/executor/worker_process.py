@@ -1,0 +1,103 @@
+"""The main function of one worker process of a multi-process engine: join the process group, load this
+rank's shard of the model, then serve the driver's commands (method calls and steps) over a pipe.
+
+Every rank runs every step (tensor-parallel layers meet in collectives), samples from the same gathered logits
+with the same seeds, and so holds the same sampled ids for the next step's inputs; only rank 0 sends results.
+After a step rank 0 reads the next command before waiting for that step's tokens, when one is already queued,
+so the driver's next step is launched while this one finishes (async scheduling)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch
+
+from brisk.config import ModelConfig
+from brisk.distributed.parallel_state import init_tensor_parallel
+from brisk.engine.step_timer import StepTimer
+from brisk.executor.step_sync import RequestMirror
+from brisk.worker.model_runner import LaunchedStep, ModelRunner
+
+
+def rank_model_config(model_config: ModelConfig, tp_size: int) -> ModelConfig:
+    """The model as one rank sees it: its share of the KV heads (at least one: fewer heads are replicated)."""
+    return dataclasses.replace(model_config, num_kv_heads=max(1, model_config.num_kv_heads // tp_size))
+
+
+def worker_main(
+    driver_pid: int,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    device_type: str,
+    model_config: ModelConfig,
+    runner_args: dict,
+    conn: Connection,
+    timeout_s: float,
+) -> None:
+    try:
+        if device_type == "cuda":
+            device = torch.device("cuda", rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.distributed.init_process_group(
+            "nccl" if device_type == "cuda" else "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        init_tensor_parallel(rank, world_size)
+        runner = ModelRunner(rank_model_config(model_config, world_size), device, **runner_args)
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", None))
+    try:
+        _serve(runner, conn, rank, device, driver_pid)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the driver is gone
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _wait_for_command(conn: Connection, driver_pid: int) -> None:
+    """Block until the driver sends something; exit when the driver is gone (a forked sibling may hold a copy of
+    the driver's end of this pipe, so its end of file cannot be relied on)."""
+    while not conn.poll(1.0):
+        if os.getppid() != driver_pid:
+            raise EOFError("the driver process is gone")
+
+
+def _serve(runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int) -> None:
+    mirror = RequestMirror()
+    timer = StepTimer(device, enabled=False)
+    pending: LaunchedStep | None = None  # rank 0: a launched step whose tokens are not sent yet
+    while True:
+        if pending is not None and not conn.poll(0):
+            conn.send(("step", pending.result()))
+            pending = None
+        _wait_for_command(conn, driver_pid)
+        kind, payload = pickle.loads(conn.recv_bytes())
+        try:
+            if kind == "shutdown":
+                return
+            if kind == "step":
+                launched = runner.execute(mirror.apply(payload), timer)
+                if pending is not None:
+                    conn.send(("step", pending.result()))
+                pending = launched if rank == 0 else None
+            else:  # "call": (method name, args)
+                method, args = payload
+                conn.send(("ok", getattr(runner, method)(*args)))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+            return
