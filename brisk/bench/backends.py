@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brisk.bench.datasets import WARMUP_OUTPUT_LEN, warmup_prompts
+from brisk.entrypoints.cli.engine_args import ENGINE_FLAGS
 
 DEFAULT_HF_BATCH_SIZE = 128  # requests per static batch of HF transformers' generate
 
@@ -301,23 +302,8 @@ def _warmup(backend) -> float:
 
 # The engine flags each peer applies; the others configure brisk's engine alone.
 HF_ENGINE_FLAGS = ("dtype", "device", "load_format", "seed", "max_model_len")
-VLLM_ENGINE_FLAGS = (
-    "tokenizer",
-    "revision",
-    "download_dir",
-    "dtype",
-    "load_format",
-    "seed",
-    "max_model_len",
-    "block_size",
-    "enable_prefix_caching",
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "gpu_memory_utilization",
-    "kv_cache_memory_bytes",
-    "enforce_eager",
-    "async_scheduling",
-)
+# vLLM takes every engine flag under the same name but these two (it picks its device and attention itself).
+VLLM_ENGINE_FLAGS = tuple(name for name in ENGINE_FLAGS if name not in ("device", "attention_backend"))
 PEER_ENGINE_FLAGS = {"brisk": None, "hf": HF_ENGINE_FLAGS, "vllm": VLLM_ENGINE_FLAGS}  # None: every flag
 
 

@@ -36,6 +36,11 @@ class StreamDelta:
     tool_calls: list[ParsedToolCall] = field(default_factory=list)
 
 
+def held_marker_len(text: str, marker: str) -> int:
+    """How many trailing characters of ``text`` begin ``marker`` (so may still become it)."""
+    return next((n for n in range(len(marker) - 1, 0, -1) if text.endswith(marker[:n])), 0)
+
+
 def call_from_json(obj: Any, arguments_keys: tuple[str, ...] = ("arguments", "parameters")) -> ParsedToolCall | None:
     """``{"name": ..., "arguments": {...}}`` (or ``parameters``) as a call; anything else is None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from brisk.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ToolParser, call_from_json
+from brisk.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ToolParser, call_from_json, held_marker_len
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -17,7 +17,7 @@ class HermesToolParser(ToolParser):
         return text.find(_OPEN)
 
     def marker_prefix_len(self, text: str) -> int:
-        return next((n for n in range(len(_OPEN) - 1, 0, -1) if text.endswith(_OPEN[:n])), 0)
+        return held_marker_len(text, _OPEN)
 
     def extract(self, text: str) -> ExtractedToolCalls:
         begin = self.start(text)

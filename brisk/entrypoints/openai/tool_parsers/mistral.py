@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 import re
 
-from brisk.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ParsedToolCall, ToolParser, call_from_json
+from brisk.entrypoints.openai.tool_parsers.base import (
+    ExtractedToolCalls,
+    ParsedToolCall,
+    ToolParser,
+    call_from_json,
+    held_marker_len,
+)
 
 _MARK = "[TOOL_CALLS]"
 _NAMED = re.compile(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]")
@@ -17,7 +23,7 @@ class MistralToolParser(ToolParser):
         return text.find(_MARK)
 
     def marker_prefix_len(self, text: str) -> int:
-        return next((n for n in range(len(_MARK) - 1, 0, -1) if text.endswith(_MARK[:n])), 0)
+        return held_marker_len(text, _MARK)
 
     def extract(self, text: str) -> ExtractedToolCalls:
         begin = self.start(text)
