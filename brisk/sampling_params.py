@@ -32,6 +32,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     detokenize: bool = True
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the text
     # Logits processors (vLLM's names): a bias added to chosen tokens' logits (OpenAI's range [-100, 100]), the
     # only tokens that may be sampled, words that may not be generated, and a grammar the output must match.
     logit_bias: dict[int, float] | None = None

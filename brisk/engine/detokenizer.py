@@ -24,9 +24,17 @@ def fast_decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], 
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool):
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int],
+        stop: list[str],
+        skip_special_tokens: bool,
+        include_stop: bool = False,
+    ):
         self._decode = fast_decoder(tokenizer, skip_special_tokens)
         self.stop = stop
+        self.include_stop = include_stop  # the text ends after the stop string instead of before it
         self.max_stop_len = max((len(s) for s in stop), default=0)
         self.token_ids: list[int] = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -54,7 +62,7 @@ class IncrementalDetokenizer:
         if not found:
             return None
         pos, stop = min(found)
-        self.text = self.text[:pos]
+        self.text = self.text[: pos + len(stop) if self.include_stop else pos]
         return stop
 
     def flush(self) -> None:

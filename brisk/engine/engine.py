@@ -273,7 +273,13 @@ class LLMEngine:
             request = Request(child_ids[index], token_ids, child_params, self.eos_token_ids, arrival_time)
             detok = None
             if params.detokenize and self.tokenizer is not None and (stream or params.stop):
-                detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop, params.skip_special_tokens)
+                detok = IncrementalDetokenizer(
+                    self.tokenizer,
+                    token_ids,
+                    params.stop,
+                    params.skip_special_tokens,
+                    params.include_stop_str_in_output,
+                )
             completions.append(_Completion(request, detok))
         for index, completion in enumerate(completions):  # registered once every child is built
             self._child_to_parent[completion.request.request_id] = (request_id, index)

@@ -13,6 +13,16 @@ from typing import Any
 from brisk.structured_outputs.params import StructuredOutputsParams
 
 _CACHE_SIZE = 256  # compiled grammars kept (least recently submitted dropped first)
+# Free whitespace between JSON tokens, at most this many characters a gap: a weak model can otherwise loop on
+# whitespace until max_tokens (indentation up to 7 levels of 4 spaces still fits).
+MAX_JSON_WHITESPACE = 32
+
+
+def json_whitespace(params: StructuredOutputsParams) -> dict:
+    """xgrammar's whitespace options for a JSON constraint."""
+    if params.disable_any_whitespace:
+        return {"any_whitespace": False}
+    return {"any_whitespace": True, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
 
 class GrammarCompiler:
@@ -55,10 +65,9 @@ class GrammarCompiler:
     def _compile(self, params: StructuredOutputsParams) -> Any:
         compiler = self._xgrammar_compiler()
         kind = params.kind
-        if kind == "json":
-            return compiler.compile_json_schema(params.schema_text(), any_whitespace=not params.disable_any_whitespace)
-        if kind == "json_object":  # an object, as OpenAI's json_object means (xgrammar's builtin takes any value)
-            return compiler.compile_json_schema('{"type": "object"}', any_whitespace=not params.disable_any_whitespace)
+        if kind in ("json", "json_object"):  # json_object: an object, as OpenAI means (not any JSON value)
+            schema = params.schema_text() if kind == "json" else '{"type": "object"}'
+            return compiler.compile_json_schema(schema, **json_whitespace(params))
         if kind == "regex":
             return compiler.compile_regex(params.regex)
         return compiler.compile_grammar(params.ebnf())

@@ -85,7 +85,7 @@ class StructuredOutputsParams:
         kind = self.kind
         try:
             if kind == "json":
-                xgr.Grammar.from_json_schema(self.schema_text(), any_whitespace=not self.disable_any_whitespace)
+                xgr.Grammar.from_json_schema(self.schema_text())
             elif kind == "regex":
                 xgr.Grammar.from_regex(self.regex)
             elif kind in ("grammar", "choice"):

@@ -15,6 +15,18 @@ DEFAULTS = ServerConfig(served_model_names=[])
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+def _tool_parsers() -> list[str]:
+    from brisk.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
+    return list(TOOL_PARSERS)
+
+
+def _reasoning_parsers() -> list[str]:
+    from brisk.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+
+    return list(REASONING_PARSERS)
+
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="Address to bind (default: 127.0.0.1, loopback only).")
@@ -31,6 +43,23 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="Name(s) clients use in 'model' (default: MODEL as given). The first is reported in responses.",
     )
     g.add_argument("--chat-template", default=None, help="A Jinja chat template, or a file holding one.")
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Serve tool_choice "auto": find tool calls in the model\'s text with --tool-call-parser.',
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(_tool_parsers()),
+        help="How the model writes tool calls (hermes: Qwen2.5 and Hermes; llama3_json; mistral).",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(_reasoning_parsers()),
+        help="Split <think> reasoning into reasoning_content (deepseek_r1, qwen3).",
+    )
     g.add_argument(
         "--max-waiting-requests",
         type=int,
@@ -171,6 +200,8 @@ def build_configs(args: argparse.Namespace):
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
     if args.limit_concurrency < 0:
         raise ValueError("--limit-concurrency must be >= 0 (0 means no limit).")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME (how the model writes calls).")
     for flag in ("engine_stall_timeout", "engine_step_timeout"):
         if getattr(args, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0 (0 means never).")
@@ -192,6 +223,9 @@ def build_configs(args: argparse.Namespace):
         engine_stall_timeout=args.engine_stall_timeout or None,
         engine_step_timeout=args.engine_step_timeout or None,
         request_timeout=args.request_timeout,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     return engine_args, server_config
 

@@ -32,6 +32,9 @@ class ServerConfig:
     engine_stall_timeout: float | None = 10.0
     engine_step_timeout: float | None = 600.0
     request_timeout: float | None = None  # seconds a request may take in all (None: no limit)
+    enable_auto_tool_choice: bool = False  # tool_choice "auto": parse tool calls out of the model's text
+    tool_call_parser: str | None = None  # a name of tool_parsers.TOOL_PARSERS
+    reasoning_parser: str | None = None  # a name of reasoning_parsers.REASONING_PARSERS
 
     @property
     def model_name(self) -> str:

@@ -7,9 +7,14 @@ from brisk.entrypoints.openai.protocol import ChatTokenLogprob, CompletionLogpro
 from brisk.outputs import PositionLogprobs
 
 _MISSING = -9999.0  # what OpenAI reports for a token without a logprob (JSON has no -inf)
+# Pass as the tokenizer to name tokens "token_id:{id}" (vLLM's return_tokens_as_token_ids: every token, even one
+# that is not valid UTF-8 alone, has a name a client can map back).
+TOKEN_IDS = object()
 
 
 def _text(tokenizer, token_id: int, entry) -> str:
+    if tokenizer is TOKEN_IDS:
+        return f"token_id:{token_id}"
     if entry is not None and entry.decoded_token is not None:
         return entry.decoded_token
     return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)

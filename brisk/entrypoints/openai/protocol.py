@@ -1,8 +1,10 @@
 """Request and response models of the OpenAI-compatible API.
 
-Requests forbid unknown fields (``extra="forbid"``) and use strict types, so a field brisk does not support
-(``tools``, ``response_format``, ``logit_bias``, ...) or a value of the wrong type is a 400 naming it, never
-silently ignored. Ranges are checked by :class:`brisk.SamplingParams` when the request is turned into one.
+Requests forbid unknown fields (``extra="forbid"``) and use strict types, so a field brisk does not know or a
+value of the wrong type is a 400 naming it, never silently ignored. Fields OpenAI clients send with values that
+ask for nothing (``store: false``, ``metadata``, ``service_tier: "auto"``) are accepted; a value that asks for
+behaviour brisk lacks is a 400 (docs/serving.md has the table). Ranges are checked by
+:class:`brisk.SamplingParams` when the request is turned into one.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ class _Body(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage (so far) on every chunk
+
+
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 def _is_int(x: Any) -> bool:
@@ -105,6 +121,23 @@ class _SamplingFields(_Body):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # brisk's tokenizers are fast ones, which add no such spaces
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = Field(None, description="Keep only the last N prompt tokens.")
+    return_tokens_as_token_ids: bool = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's structured outputs: one of json, regex, choice, grammar, json_object."
+    )
+    # accepted for compatibility; values that ask for something brisk does not do are 400s
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    priority: int = 0
+    request_id: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +156,7 @@ class CompletionRequest(_SamplingFields):
     )
     echo: bool = False
     best_of: int | None = Field(None, description="Only accepted when equal to n (no server-side reranking).")
+    add_special_tokens: bool = True
 
     @field_validator("prompt")
     @classmethod
@@ -155,10 +189,45 @@ class TextContentPart(_Request):
         return value
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -176,6 +245,12 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    add_special_tokens: bool = False  # the chat template already places the special tokens
+    echo: bool = False  # vLLM: the reply starts with the last message's content when it is the assistant's
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(_Body):
@@ -248,6 +323,8 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ChatCompletionChoice(BaseModel):

@@ -17,6 +17,7 @@ from brisk.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     ChatResponseMessage,
 )
+from brisk.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from brisk.entrypoints.openai.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -25,11 +26,13 @@ from brisk.entrypoints.openai.serving_engine import (
     error_event,
     sse,
 )
+from brisk.entrypoints.openai.tool_calling import ToolMode, tool_mode
+from brisk.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
 from brisk.sampling_params import SamplingParams
 
 
 class OpenAIServingChat(OpenAIServing):
-    def _params(self, req: ChatCompletionRequest, num_prompt_tokens: int) -> SamplingParams:
+    def _params(self, req: ChatCompletionRequest, num_prompt_tokens: int, mode: ToolMode) -> SamplingParams:
         if req.max_completion_tokens is not None and req.max_tokens not in (None, req.max_completion_tokens):
             raise bad_request(
                 "'max_tokens' (deprecated) and 'max_completion_tokens' differ: give one of them.", param="max_tokens"
@@ -41,12 +44,28 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(requested, num_prompt_tokens, param)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
+        fields = {}
+        constraint = mode.constraint(req)
+        if constraint is not None:
+            if req.response_format is not None and req.response_format.type != "text" or req.structured_outputs:
+                raise bad_request(
+                    f"tool_choice {mode.kind!r} constrains the reply itself: drop 'response_format'.",
+                    param="tool_choice",
+                )
+            fields["structured_outputs"] = constraint
         return self.request_sampling_params(
             req,
             max_tokens,
             param_names={"logprobs": "top_logprobs", "max_tokens": param},
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            **fields,
         )
+
+    def _parsers(self) -> tuple[ToolParser | None, ReasoningParser | None]:
+        """Fresh parsers for one choice (streaming parsers keep state)."""
+        tool = TOOL_PARSERS[self.config.tool_call_parser](self.tokenizer) if self.config.tool_call_parser else None
+        reasoning = REASONING_PARSERS[self.config.reasoning_parser]() if self.config.reasoning_parser else None
+        return tool, reasoning
 
     async def create(self, req: ChatCompletionRequest) -> Response:
         model = self.check_model(req.model)
@@ -58,88 +77,113 @@ class OpenAIServingChat(OpenAIServing):
                 "drop 'add_generation_prompt': true.",
                 param="add_generation_prompt",
             )
-        _, prompt_ids = await self.render_chat(req.messages, req.add_generation_prompt, req.continue_final_message)
+        mode = tool_mode(req, self.config.enable_auto_tool_choice)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        _, prompt_ids = await self.render_chat(
+            req.messages,
+            req.add_generation_prompt,
+            req.continue_final_message,
+            tools=tools,
+            template_kwargs=req.chat_template_kwargs,
+            add_special_tokens=req.add_special_tokens,
+        )
+        prompt_ids = self.truncate_prompt(prompt_ids, req.truncate_prompt_tokens)
         self.check_prompt_length(len(prompt_ids), "messages")
-        params = self._params(req, len(prompt_ids))
-        ids = ResponseIds.new("chatcmpl", model)
+        params = self._params(req, len(prompt_ids), mode)
+        ids = ResponseIds.new("chatcmpl", model, req.request_id)
+        echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         stream = await self.submit(ids.id, prompt_ids, params)
         if req.stream:
-            return SSEResponse(self._stream(req, ids, stream), [stream])
+            return SSEResponse(self._stream(req, ids, stream, mode, echo), [stream])
         output = await self.final_output(stream)
         k = req.top_logprobs or 0
-        choices = [
-            ChatCompletionChoice(
-                index=c.index,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=ChatChoiceLogprobs(content=chat_logprobs(self.tokenizer, c.token_ids, c.logprobs or [], k))
-                if req.logprobs
-                else None,
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in output.outputs:
+            tool_parser, reasoning_parser = self._parsers()
+            reasoning, text = None, c.text
+            if reasoning_parser is not None:
+                split = reasoning_parser.split(text)
+                reasoning, text = split.reasoning, split.content or ""
+            content, calls = mode.calls(text, tool_parser)
+            logprobs = None
+            if req.logprobs:
+                tokens = chat_logprobs(self.logprobs_tokenizer(req), c.token_ids, c.logprobs or [], k)
+                logprobs = ChatChoiceLogprobs(content=tokens)
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=ChatResponseMessage(
+                        content=echo + content if content is not None else (echo or None),
+                        reasoning_content=reasoning,
+                        tool_calls=[call.to_openai() for call in calls],
+                    ),
+                    logprobs=logprobs,
+                    finish_reason="tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in output.outputs
-        ]
         response = ChatCompletionResponse(
             id=ids.id, created=ids.created, model=ids.model, choices=choices, usage=self.usage([output])
         )
         return JSONResponse(response.model_dump())
 
-    async def _stream(self, req: ChatCompletionRequest, ids: ResponseIds, stream: RequestStream) -> AsyncIterator[str]:
+    async def _stream(
+        self, req: ChatCompletionRequest, ids: ResponseIds, stream: RequestStream, mode: ToolMode, echo: str
+    ) -> AsyncIterator[str]:
         n = req.n
         k = req.top_logprobs or 0
         sent_chars = [0] * n
         sent_tokens = [0] * n
+        num_calls = [0] * n
         done = [False] * n
+        parsers = [self._parsers() for _ in range(n)]
+        reasoning_streams = [ReasoningStream(r) if r is not None else None for _, r in parsers]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         base = ids.chunk_base("chat.completion.chunk")
+        last = None
 
         def chunk(choice: dict) -> str:
             data = {**base, "choices": [choice]}
-            if include_usage:
+            if continuous_usage and last is not None:
+                data["usage"] = self.usage([last]).model_dump()
+            elif include_usage:
                 data["usage"] = None
             return sse(data)
 
-        last = None
         try:
-            # OpenAI's first chunk of each choice carries the role and an empty content.
+            # OpenAI's first chunk of each choice carries the role and an empty content (vLLM's echo: the text).
             for i in range(n):
-                yield chunk(
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                )
+                yield chunk({"index": i, "delta": {"role": "assistant", "content": echo}, "logprobs": None,
+                             "finish_reason": None})  # fmt: skip
             async for output in stream:
                 last = output
                 for c in output.outputs:
                     i = c.index
                     if done[i]:
                         continue
-                    text = c.text[sent_chars[i] :]
+                    finished = c.finish_reason is not None
                     new_ids = c.token_ids[sent_tokens[i] :]
                     logprobs = None
                     if req.logprobs and new_ids:
                         positions = (c.logprobs or [])[sent_tokens[i] : len(c.token_ids)]
-                        content = chat_logprobs(self.tokenizer, new_ids, positions, k)
+                        content = chat_logprobs(self.logprobs_tokenizer(req), new_ids, positions, k)
                         logprobs = {"content": [t.model_dump() for t in content]}
-                    sent_chars[i] = len(c.text)
                     sent_tokens[i] = len(c.token_ids)
-                    if not text and logprobs is None and c.finish_reason is None:
+                    delta = self._delta(c.text, finished, sent_chars, i, mode, parsers[i][0], reasoning_streams[i])
+                    calls = delta.pop("tool_calls", [])
+                    if calls:
+                        delta["tool_calls"] = [call.to_openai(num_calls[i] + j) for j, call in enumerate(calls)]
+                        num_calls[i] += len(calls)
+                    if not delta and logprobs is None and not finished:
                         continue
-                    if c.finish_reason is not None:
+                    if finished:
                         done[i] = True
-                    delta = {"content": text} if text or c.finish_reason is None else {}
-                    yield chunk(
-                        {
-                            "index": i,
-                            "delta": delta,
-                            "logprobs": logprobs,
-                            "finish_reason": c.finish_reason,
-                            "stop_reason": c.stop_reason,
-                        }
-                    )
+                    reason = c.finish_reason
+                    if finished and num_calls[i] and reason == "stop":
+                        reason = "tool_calls"
+                    yield chunk({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                                 "stop_reason": c.stop_reason})  # fmt: skip
             if include_usage and last is not None:
                 yield sse({**base, "choices": [], "usage": self.usage([last]).model_dump()})
             yield SSE_DONE
@@ -148,3 +192,43 @@ class OpenAIServingChat(OpenAIServing):
             yield SSE_DONE
         finally:
             stream.abort()
+
+    @staticmethod
+    def _delta(
+        text: str,
+        finished: bool,
+        sent_chars: list[int],
+        i: int,
+        mode: ToolMode,
+        tool_parser: ToolParser | None,
+        reasoning: ReasoningStream | None,
+    ) -> dict:
+        """One choice's delta: reasoning, then content or tool calls, from its whole text so far."""
+        delta: dict = {}
+        if reasoning is not None:
+            thought, text_delta = reasoning.delta(text, finished)
+            if thought:
+                delta["reasoning_content"] = thought
+            text = reasoning.parser.split(text).content or ""
+            if finished and not text and text_delta:  # held back as a possible tag, but the reply ended
+                text = text_delta
+        if mode.kind in ("required", "named"):  # the reply is the calls' JSON: sent whole at the end
+            if finished:
+                content, calls = mode.calls(text, None)
+                if content:
+                    delta["content"] = content
+                delta["tool_calls"] = calls
+            return delta
+        if mode.kind == "auto" and tool_parser is not None:
+            parsed = tool_parser.stream(text, finished)
+            if parsed.content:
+                delta["content"] = parsed.content
+            if parsed.tool_calls:
+                delta["tool_calls"] = parsed.tool_calls if mode.parallel else parsed.tool_calls[:1]
+            return delta
+        if len(text) > sent_chars[i] or (not finished and not delta):
+            new = text[sent_chars[i] :]
+            sent_chars[i] = len(text)
+            if new:
+                delta["content"] = new
+        return delta

@@ -53,7 +53,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 param="prompt",
             )
         texts = [item for item in items if isinstance(item, str)]
-        encoded = iter(await self.encode_all(texts) if texts else [])
+        encoded = iter(await self.encode_all(texts, req.add_special_tokens) if texts else [])
         prompts = []
         for i, item in enumerate(items):
             param = "prompt" if len(items) == 1 else f"prompt[{i}]"
@@ -62,6 +62,8 @@ class OpenAIServingCompletion(OpenAIServing):
             else:
                 self.check_token_ids(item, param)
                 prompt = _Prompt(None, list(item))
+            if req.truncate_prompt_tokens is not None:
+                prompt = _Prompt(None, self.truncate_prompt(prompt.token_ids, req.truncate_prompt_tokens))
             self.check_prompt_length(len(prompt.token_ids), param)
             prompts.append(prompt)
         return prompts
@@ -85,7 +87,7 @@ class OpenAIServingCompletion(OpenAIServing):
             for p in prompts:
                 if p.text is None:
                     p.text = await self.decode(p.token_ids)
-        ids = ResponseIds.new("cmpl", model)
+        ids = ResponseIds.new("cmpl", model, req.request_id)
         streams = await self.submit_all(
             [(f"{ids.id}-{i}", p.token_ids, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
         )
@@ -99,9 +101,11 @@ class OpenAIServingCompletion(OpenAIServing):
                 stream.abort()
         return JSONResponse(self._response(req, ids, prompts, outputs).model_dump())
 
-    def _echo_logprobs(self, prompt: _Prompt, output: RequestOutput, k: int) -> CompletionLogprobs:
+    def _echo_logprobs(
+        self, req: CompletionRequest, prompt: _Prompt, output: RequestOutput, k: int
+    ) -> CompletionLogprobs:
         positions = output.prompt_logprobs or [None] * len(prompt.token_ids)
-        return completion_logprobs(self.tokenizer, prompt.token_ids, positions, k, 0)
+        return completion_logprobs(self.logprobs_tokenizer(req), prompt.token_ids, positions, k, 0)
 
     def _response(
         self, req: CompletionRequest, ids: ResponseIds, prompts: list[_Prompt], outputs: list[RequestOutput]
@@ -112,9 +116,9 @@ class OpenAIServingCompletion(OpenAIServing):
             for c in output.outputs:
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = self._echo_logprobs(prompt, output, req.logprobs) if req.echo else None
+                    logprobs = self._echo_logprobs(req, prompt, output, req.logprobs) if req.echo else None
                     logprobs = completion_logprobs(
-                        self.tokenizer,
+                        self.logprobs_tokenizer(req),
                         c.token_ids,
                         c.logprobs or [],
                         req.logprobs,
@@ -145,6 +149,7 @@ class OpenAIServingCompletion(OpenAIServing):
         done = [False] * num_choices
         last: dict[int, RequestOutput] = {}
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         base = ids.chunk_base("text_completion")
         try:
             async for i, output in merge_streams(streams):
@@ -161,11 +166,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         text = (prompts[i].text or "") + text
                     if req.logprobs is not None:
                         if req.echo and first:
-                            logprobs = self._echo_logprobs(prompts[i], output, req.logprobs)
+                            logprobs = self._echo_logprobs(req, prompts[i], output, req.logprobs)
                             offsets[idx] = len(prompts[i].text or "")
                         positions = (c.logprobs or [])[sent_tokens[idx] : len(c.token_ids)]
                         logprobs = completion_logprobs(
-                            self.tokenizer, new_ids, positions, req.logprobs, offsets[idx], logprobs
+                            self.logprobs_tokenizer(req), new_ids, positions, req.logprobs, offsets[idx], logprobs
                         )
                         offsets[idx] += sum(len(t) for t in logprobs.tokens[-len(new_ids) :]) if new_ids else 0
                     sent_chars[idx] = len(c.text)
@@ -182,7 +187,9 @@ class OpenAIServingCompletion(OpenAIServing):
                         "stop_reason": c.stop_reason,
                     }
                     chunk = {**base, "choices": [choice]}
-                    if include_usage:
+                    if continuous_usage:
+                        chunk["usage"] = self.usage([last[j] for j in sorted(last)]).model_dump()
+                    elif include_usage:
                         chunk["usage"] = None
                     yield sse(chunk)
             if include_usage:

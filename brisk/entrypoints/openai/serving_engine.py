@@ -26,6 +26,7 @@ from brisk.engine.async_engine import (
 )
 from brisk.entrypoints.openai.config import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
+from brisk.entrypoints.openai.logprobs import TOKEN_IDS
 from brisk.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -33,8 +34,10 @@ from brisk.entrypoints.openai.protocol import (
     PromptTokensDetails,
     UsageInfo,
 )
+from brisk.entrypoints.openai.tool_calling import template_message
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams, error_field
+from brisk.structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger("brisk.server")
 
@@ -64,8 +67,9 @@ class ResponseIds:
     model: str
 
     @classmethod
-    def new(cls, prefix: str, model: str) -> ResponseIds:
-        return cls(random_id(prefix), int(time.time()), model)
+    def new(cls, prefix: str, model: str, request_id: str | None = None) -> ResponseIds:
+        """A fresh id, or ``prefix-request_id`` when the client named its request (vLLM's ``request_id``)."""
+        return cls(f"{prefix}-{request_id}" if request_id else random_id(prefix), int(time.time()), model)
 
     def chunk_base(self, object_name: str) -> dict[str, Any]:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -107,10 +111,10 @@ class OpenAIServing:
         tokenizer = self._require_tokenizer()
         return await self.run_tokenizer(tokenizer.encode, text, add_special_tokens=add_special_tokens)
 
-    async def encode_all(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text (with special tokens), in one call to the tokenizer pool."""
+    async def encode_all(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each text, in one call to the tokenizer pool."""
         tokenizer = self._require_tokenizer()
-        return await self.run_tokenizer(lambda: tokenizer(texts, add_special_tokens=True)["input_ids"])
+        return await self.run_tokenizer(lambda: tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"])
 
     async def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
         tokenizer = self._require_tokenizer()
@@ -132,6 +136,9 @@ class OpenAIServing:
         messages: list[ChatMessage],
         add_generation_prompt: bool,
         continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        add_special_tokens: bool = False,
     ) -> tuple[str, list[int]]:
         tokenizer = self._require_tokenizer()
         template = self.config.chat_template or getattr(tokenizer, "chat_template", None)
@@ -146,15 +153,13 @@ class OpenAIServing:
             raise bad_request(
                 "continue_final_message needs the last message to be an assistant message.", param="messages"
             )
-        conversation = []
-        for m in messages:
-            entry: dict[str, Any] = {
-                "role": "system" if m.role == "developer" else m.role,
-                "content": m.text(),
-            }
-            if m.name is not None:
-                entry["name"] = m.name
-            conversation.append(entry)
+        conversation = [template_message(m) for m in messages]
+        reserved = {"conversation", "chat_template", "tokenize", "tools", "add_generation_prompt"}
+        clash = sorted(reserved & set(template_kwargs or {}))
+        if clash:
+            raise bad_request(
+                f"chat_template_kwargs cannot set {clash}: use the request's own fields.", "chat_template_kwargs"
+            )
 
         def apply(conversation: list[dict[str, Any]]) -> str:
             return tokenizer.apply_chat_template(
@@ -163,6 +168,8 @@ class OpenAIServing:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                tools=tools,
+                **(template_kwargs or {}),
             )
 
         def render() -> tuple[str, list[int]]:
@@ -174,7 +181,7 @@ class OpenAIServing:
                         "This model's chat template does not use message names: drop 'name' from the messages.",
                         param="messages",
                     )
-            return text, tokenizer.encode(text, add_special_tokens=False)
+            return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
         try:
             return await self.run_tokenizer(render)
@@ -271,6 +278,10 @@ class OpenAIServing:
         endpoint's own ``fields`` (logprobs, ...)."""
         self.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
         self.check_stop_strings(req.stop)
+        check_compatibility_fields(req)
+        if req.allowed_token_ids:
+            self.check_token_ids(req.allowed_token_ids, "allowed_token_ids")
+        fields.setdefault("structured_outputs", structured_outputs_of(req))
         return self.sampling_params(
             dict(
                 n=req.n,
@@ -288,10 +299,24 @@ class OpenAIServing:
                 frequency_penalty=req.frequency_penalty,
                 repetition_penalty=req.repetition_penalty,
                 skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                logit_bias=req.logit_bias or None,
+                bad_words=req.bad_words or None,
+                allowed_token_ids=req.allowed_token_ids,
                 **fields,
             ),
             param_names,
         )
+
+    def truncate_prompt(self, prompt_ids: list[int], truncate: int | None) -> list[int]:
+        """``truncate_prompt_tokens`` (vLLM): keep the last N tokens (-1: as many as the context allows)."""
+        if truncate is None:
+            return prompt_ids
+        if truncate == -1:
+            truncate = self.max_model_len - 1
+        if truncate < 1:
+            raise bad_request("'truncate_prompt_tokens' must be -1 or at least 1.", param="truncate_prompt_tokens")
+        return prompt_ids[-truncate:]
 
     # ---- the engine ---------------------------------------------------------------------------------------
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
@@ -322,6 +347,10 @@ class OpenAIServing:
         assert last is not None
         return last
 
+    def logprobs_tokenizer(self, req: CompletionRequest | ChatCompletionRequest) -> Any:
+        """What names tokens in logprobs: the tokenizer, or token ids (``return_tokens_as_token_ids``)."""
+        return TOKEN_IDS if req.return_tokens_as_token_ids else self.tokenizer
+
     @staticmethod
     def usage(outputs: list[RequestOutput]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids) for o in outputs)
@@ -333,6 +362,43 @@ class OpenAIServing:
             total_tokens=prompt + completion,
             prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
+
+
+def check_compatibility_fields(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """Fields OpenAI and vLLM clients send by default: accepted when their value asks for nothing brisk lacks."""
+    if req.store:
+        raise bad_request("'store': true is not supported: brisk keeps no completions.", param="store")
+    if req.service_tier not in (None, "auto", "default"):
+        raise bad_request(
+            f"'service_tier' {req.service_tier!r} is not supported: brisk has one tier (auto).", param="service_tier"
+        )
+    if req.priority != 0:
+        raise bad_request("'priority' is not supported: brisk serves requests first come, first served.", "priority")
+
+
+def structured_outputs_of(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """``response_format`` (OpenAI) or ``structured_outputs`` (vLLM) as the engine's constraint; errors name the
+    field."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text" and req.structured_outputs is not None:
+        raise bad_request("Give 'response_format' or 'structured_outputs', not both.", param="structured_outputs")
+    try:
+        if req.structured_outputs is not None:
+            param = "structured_outputs"
+            return StructuredOutputsParams(**req.structured_outputs)
+        param = "response_format"
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+            raise bad_request("response_format json_schema needs 'json_schema.schema'.", param="response_format")
+        return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+    except TypeError as exc:  # an unknown structured_outputs key
+        raise bad_request(f"'{param}' has a field brisk does not know: {exc}", param=param) from None
+    except ValueError as exc:
+        message = str(exc).replace("StructuredOutputsParams.", f"{param}.")
+        raise bad_request(message, param=param, code="invalid_value") from None
 
 
 class SSEResponse(StreamingResponse):
