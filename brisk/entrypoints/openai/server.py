@@ -30,6 +30,7 @@ from brisk.entrypoints.openai.config import ServerConfig
 from brisk.entrypoints.openai.connection_guard import guarded_protocol
 from brisk.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from brisk.entrypoints.openai.limits import BodySizeLimitMiddleware
+from brisk.entrypoints.openai.openapi import openapi_document
 from brisk.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -37,7 +38,6 @@ from brisk.entrypoints.openai.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
-    ErrorResponse,
     ModelCard,
     ModelList,
     TokenizeRequest,
@@ -48,11 +48,6 @@ from brisk.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from brisk.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 
 logger = logging.getLogger("brisk.server")
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 413, 500, 503)
-}
-
 
 def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Cancel a (non-streaming) handler when its client disconnects, so the engine request is aborted instead
@@ -110,17 +105,18 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.openapi = functools.cache(lambda: openapi_document(app, config, engine.max_model_len, engine.vocab_size))
     app.state.engine = engine
     app.state.config = config
     created = int(time.time())
 
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=_ERRORS)
+    @app.post("/v1/completions", response_model=CompletionResponse)
     @with_cancellation
     async def create_completion(body: CompletionRequest, raw_request: Request) -> Response:
         """Text completions; ``stream: true`` answers server-sent events ending in ``data: [DONE]``."""
         return await completions.create(body)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_ERRORS)
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse)
     @with_cancellation
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request) -> Response:
         """Chat completions (the model's chat template renders the messages)."""
@@ -129,11 +125,11 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
     def _card(name: str) -> ModelCard:
         return ModelCard(id=name, created=created, root=config.model_name, max_model_len=engine.max_model_len)
 
-    @app.get("/v1/models", response_model=ModelList, responses=_ERRORS)
+    @app.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:
         return ModelList(data=[_card(name) for name in config.served_model_names])
 
-    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=_ERRORS)
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard)
     async def get_model(model_id: str) -> ModelCard:
         if model_id not in config.served_model_names:
             raise OpenAIError(
@@ -141,16 +137,16 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
             )
         return _card(model_id)
 
-    @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+    @app.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         """Token ids of a prompt, or of messages rendered with the chat template."""
         return await tokenization.tokenize(body)
 
-    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+    @app.post("/detokenize", response_model=DetokenizeResponse)
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
         return await tokenization.detokenize(body)
 
-    @app.api_route("/health", methods=["GET", "HEAD"], responses={503: {"model": ErrorResponse}})
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         """200 while the engine loop runs and keeps up; 503 when it is not running, or is stalled (requests in
         flight and no heartbeat within --engine-stall-timeout, or no step within --engine-step-timeout). Never
