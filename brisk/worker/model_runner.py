@@ -117,6 +117,8 @@ class ModelRunner:
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
         self.rejection_sampler = RejectionSampler(self.sampler, seed)
+        # A draft-model proposer (spec_decode/draft_model.py): drafts a step's tokens and mirrors its KV writes.
+        self.drafter = None
         self.kv_caches: list[torch.Tensor] = []
         # The last launched step's sampled ids (on the device) and each sampling request's row in them.
         self._last_sampled: torch.Tensor | None = None
@@ -234,6 +236,8 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
         """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
         chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
+        if self.drafter is not None and out.spec_token_ids:
+            self.drafter.draft(out)
         num_tokens, padded, metadata = self._prepare(out)
         timer.mark("prepare")
         if padded:
@@ -243,6 +247,9 @@ class ModelRunner:
                 hidden = self.model(
                     self.buffers.on_device.input_ids[:num_tokens], self.buffers.on_device.positions[:num_tokens]
                 )
+        if self.drafter is not None:
+            on_device = self.buffers.on_device
+            self.drafter.mirror(on_device.input_ids[:num_tokens], on_device.positions[:num_tokens], metadata)
         timer.mark("forward", sync=True)
 
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
