@@ -9,9 +9,10 @@ rollback need nothing of their own: a slot is valid for the draft exactly when i
 A step with drafts runs in this order: the scheduler reserves ``1 + d`` slots for a decoding request (``d``
 placeholder drafts from :meth:`propose`), :meth:`draft` fills in the ``d`` tokens by ``d`` batched single-token
 draft passes that write those slots, the target verifies them, and :meth:`mirror` writes the draft's KV of the
-step's tokens. Drafts are the draft's argmax, so the proposal is a point mass and the rejection sampler's rule
-(accept with ``p(t)``, else draw from ``p`` without ``t``) keeps the target distribution for every sampling
-setting. The draft runs eagerly (no CUDA graphs yet).
+step's tokens. For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the
+draft's distribution under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes
+to the rejection sampler (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the
+target distribution. The draft runs eagerly (no CUDA graphs yet).
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ class DraftModelProposer:
         return [0] * min(self.num_speculative_tokens, max_tokens)
 
     @torch.inference_mode()
-    def draft(self, out: SchedulerOutput) -> None:
-        """Replace the step's placeholder drafts by the draft model's greedy continuation, in place."""
+    def draft(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Replace the step's placeholder drafts by the draft model's continuation, in place. Returns, for each
+        sampled (not greedy) request, the ``[d, vocab]`` distributions its drafts were drawn from."""
         bs = self.block_size
         rows = [e for e in out.scheduled if e.request.request_id in out.spec_token_ids]
         drafts = [out.spec_token_ids[e.request.request_id] for e in rows]
         previous = [e.request.all_token_ids[e.start] for e in rows]  # the last known token
+        q: list[list[torch.Tensor]] = [[] for _ in rows]
         for j in range(max(len(d) for d in drafts)):
             active = [i for i, d in enumerate(drafts) if len(d) > j]
             positions = [rows[i].start + j for i in active]
@@ -113,9 +116,25 @@ class DraftModelProposer:
             ids = to_device_async([previous[i] for i in active], torch.int64, self.device)
             with set_forward_context(metadata):
                 hidden = self.runner.model(ids, to_device_async(positions, torch.int64, self.device))
-            tokens = self.runner.model.compute_logits(hidden).argmax(dim=-1).tolist()
+            logits = self.runner.model.compute_logits(hidden)
+            tokens = self._choose(logits, [rows[i].request for i in active], q, active)
             for i, token in zip(active, tokens):
                 drafts[i][j] = previous[i] = token
+        return {e.request.request_id: torch.stack(qi) for e, qi in zip(rows, q) if qi}
+
+    def _choose(self, logits: torch.Tensor, requests, q: list[list[torch.Tensor]], active: list[int]) -> list[int]:
+        """The argmax for greedy requests; for sampled ones a draw from the filtered distribution, recorded in q."""
+        greedy = [r.sampling_params.greedy for r in requests]
+        argmax = logits.argmax(dim=-1)
+        if all(greedy):
+            return argmax.tolist()
+        sampler = self.runner.sampler
+        probs = sampler.filtered_probs(logits.float(), requests, greedy)
+        drawn = sampler.draw(probs, requests, greedy)
+        for row, (i, g) in enumerate(zip(active, greedy)):
+            if not g:
+                q[i].append(probs[row])
+        return torch.where(to_device_async(greedy, torch.bool, self.device), argmax, drawn).tolist()
 
     @torch.inference_mode()
     def mirror(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> None:

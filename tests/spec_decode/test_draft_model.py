@@ -96,3 +96,16 @@ def test_the_target_as_its_own_draft_accepts_everything(tiny_llama, baseline):
     assert token_ids(outputs) == expected
     assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in outputs)
     assert all(o.metrics.mean_acceptance_length > 3 for o in outputs)  # k = 3; the last step may have fewer
+
+
+def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
+    """Sampled requests draw drafts from the draft's own distribution (q goes to the rejection sampler): with the
+    target as its own draft p == q, so every draft is accepted; seeds make the run reproducible."""
+    prompts, _ = baseline
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config)
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True)
+    first = llm.generate(prompts[:2], params, use_tqdm=False)
+    again = llm.generate(prompts[:2], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in again]
+    assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in first)
