@@ -109,9 +109,13 @@ class LLMEngine:
         self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
         with self._startup_phase("weights"):
             self.model_runner = create_executor(args, self.model_config, self.device, backend)
+            self.speculative_config = args.parsed_speculative_config()
+            self.proposer = self._make_proposer()
         with self._startup_phase("KV cache"):
             num_blocks = self._plan_kv_cache()
             self.model_runner.allocate_kv_cache(num_blocks)
+            if self.model_runner.drafter is not None:
+                self.model_runner.drafter.allocate_kv_cache(num_blocks)
         with self._startup_phase("step buffers and CUDA graphs"):
             self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
         self._new_scheduler(num_blocks)
@@ -120,8 +124,6 @@ class LLMEngine:
             args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
-        self.speculative_config = args.parsed_speculative_config()
-        self.proposer = NgramProposer(self.speculative_config) if self.speculative_config else None
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         if self.device.type == "cuda":
@@ -198,9 +200,28 @@ class LLMEngine:
                 ids.update(c for c in candidate if isinstance(c, int))
         return frozenset(ids)
 
+    def _make_proposer(self):
+        """The speculative-decoding proposer, if any; a draft model also joins the model runner."""
+        config = self.speculative_config
+        if config is None:
+            return None
+        if config.method == "ngram":
+            return NgramProposer(config)
+        from brisk.spec_decode.draft_model import DraftModelProposer
+
+        args = self.args
+        drafter = DraftModelProposer(
+            config, self.model_config, self.device, args.block_size, self.attention_backend, args.load_format, args.seed
+        )
+        self.model_runner.drafter = drafter
+        return drafter
+
     def _plan_kv_cache(self) -> int:
         args = self.args
         per_block = self.model_runner.kv_cache_bytes_per_block()
+        drafter = getattr(self.model_runner, "drafter", None)  # worker processes run no draft model (yet)
+        if drafter is not None:  # one block table addresses both caches: a block costs the sum
+            per_block += drafter.kv_cache_bytes_per_block()
         if args.kv_cache_memory_bytes is not None:
             budget, knob = args.kv_cache_memory_bytes, "kv_cache_memory_bytes"
         elif self.device.type == "cuda":
@@ -227,6 +248,12 @@ class LLMEngine:
             args.block_size,
             num_blocks * per_block / 2**30,
         )
+        if drafter is not None:
+            logger.info(
+                "KV cache of the draft model, same blocks: %.2f GiB of them (the target's: %.2f GiB)",
+                num_blocks * drafter.kv_cache_bytes_per_block() / 2**30,
+                num_blocks * self.model_runner.kv_cache_bytes_per_block() / 2**30,
+            )
         return num_blocks
 
     # ---- requests -----------------------------------------------------------------------------------------

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("ngram",)
-_FIELDS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
+METHODS = ("ngram", "draft_model")
+_FIELDS = (
+    "method",
+    "model",
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "disable_by_batch_size",
+)
 
 
 @dataclass(frozen=True)
@@ -13,11 +20,13 @@ class SpeculativeConfig:
     """How many tokens to propose and how.
 
     ``ngram`` (prompt lookup) looks for the last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens earlier in
-    the sequence and proposes what followed them. Above ``disable_by_batch_size`` running requests nothing is
+    the sequence and proposes what followed them; ``draft_model`` runs ``model`` (anything ``LLM(model=...)``
+    accepts, with the target's vocabulary). With ``disable_by_batch_size`` running requests or more nothing is
     proposed: a large batch already keeps the device busy, and verifying drafts would only add work."""
 
     method: str
     num_speculative_tokens: int
+    model: str | None = None
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = None
@@ -33,6 +42,11 @@ class SpeculativeConfig:
         method = config.get("method")
         if method not in METHODS:
             raise ValueError(f"speculative_config['method'] must be one of {list(METHODS)}, got {method!r}.")
+        model = config.get("model")
+        if method == "draft_model" and not (isinstance(model, str) and model):
+            raise ValueError("speculative_config: method 'draft_model' needs 'model' (a name, folder or GGUF file).")
+        if method == "ngram" and model is not None:
+            raise ValueError("speculative_config: method 'ngram' takes no 'model' (did you mean 'draft_model'?).")
         k = config.get("num_speculative_tokens")
         _require_int(k, "num_speculative_tokens", minimum=1)
         low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
@@ -47,7 +61,7 @@ class SpeculativeConfig:
         disable = config.get("disable_by_batch_size")
         if disable is not None:
             _require_int(disable, "disable_by_batch_size", minimum=1)
-        return cls(method, k, low, high, disable)
+        return cls(method, k, model, low, high, disable)
 
     def is_active(self, batch_size: int) -> bool:
         """Whether to propose drafts for a batch of ``batch_size`` running requests (the load-aware rule)."""

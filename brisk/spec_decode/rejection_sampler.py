@@ -6,7 +6,8 @@ sampling distribution at that position (penalties, min_tokens, temperature, top-
 the drafts before it were accepted) and ``q_j`` the proposer's. At the first rejection the token is drawn from
 the residual ``max(0, p_j - q_j)``, normalized; if every draft is accepted, one more token is drawn from the
 next position's ``p``. The n-gram proposer is deterministic, so its ``q_j`` is a point mass: accept with
-probability ``p_j(t_j)``, and the residual is ``p_j`` without ``t_j``. Greedy rows have a point-mass ``p`` on the
+probability ``p_j(t_j)``, and the residual is ``p_j`` without ``t_j``; a draft model that samples passes its
+``q_j``. Greedy rows have a point-mass ``p`` on the
 argmax, so they accept exactly the drafts the plain path would have produced and then emit its next token.
 """
 
@@ -63,9 +64,16 @@ class RejectionSampler:
     def reseed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> Verification:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        drafts: list[list[int]],
+        draft_probs: list[torch.Tensor | None] | None = None,
+    ) -> Verification:
         """``logits`` has ``len(drafts[i]) + 1`` rows per request, in order: the target's prediction after each
-        token of the request's step (its last known token, then each draft)."""
+        token of the request's step (its last known token, then each draft). ``draft_probs[i]``, when given, is
+        the ``[len(drafts[i]), vocab]`` distribution each draft was drawn from (None: a point mass)."""
         positions = [_DraftPosition(r, d[:j]) for r, d in zip(requests, drafts) for j in range(len(d) + 1)]
         probs = self.sampler.target_probs(logits, positions)
         starts = [0]
@@ -77,6 +85,11 @@ class RejectionSampler:
         if draft_rows:
             rows = to_device_async(draft_rows, torch.int64, self.sampler.device)
             p_draft = probs[rows, to_device_async(draft_tokens, torch.int64, self.sampler.device)].tolist()
+        q = draft_probs or [None] * len(drafts)
+        q_draft = [
+            [1.0] * len(d) if qi is None else qi[torch.arange(len(d)), torch.tensor(d)].tolist()
+            for qi, d in zip(q, drafts)
+        ]
 
         emit_rows, rejected, accepted = [], [], []
         k = 0
@@ -87,11 +100,12 @@ class RejectionSampler:
                 num_accepted = next((j for j, pj in enumerate(p) if pj < 0.5), len(d))  # p is 0 or 1
             else:
                 u = torch.rand(len(d), generator=request.generator or self.generator).tolist()
-                num_accepted = next((j for j in range(len(d)) if u[j] >= p[j]), len(d))
+                num_accepted = next((j for j in range(len(d)) if u[j] * q_draft[i][j] >= p[j]), len(d))
             accepted.append(d[:num_accepted])
             emit_rows.append(starts[i] + num_accepted)
             if num_accepted < len(d):
-                rejected.append((i, d[num_accepted]))
+                q_row = None if q[i] is None else q[i][num_accepted].to(probs.device)
+                rejected.append((i, d[num_accepted], q_row))
         residual = self.residual(probs[to_device_async(emit_rows, torch.int64, self.sampler.device)], rejected)
         greedy = [r.sampling_params.greedy for r in requests]
         # A greedy row's residual is a point mass on its argmax, so the race draws that token too.
@@ -101,12 +115,17 @@ class RejectionSampler:
         return Verification(token_ids, logprobs, chosen)
 
     @staticmethod
-    def residual(probs: torch.Tensor, rejected: list[tuple[int, int]]) -> torch.Tensor:
-        """Where rows rejected a draft (row, token): ``max(0, p - q)`` for a point-mass ``q``, which is ``p``
-        without that token (unnormalized: the draw does not need it). Other rows keep ``p`` (the bonus token)."""
-        if rejected:
-            rows, tokens = zip(*rejected)
-            probs[list(rows), list(tokens)] = 0.0
+    def residual(probs: torch.Tensor, rejected: list[tuple[int, int, torch.Tensor | None]]) -> torch.Tensor:
+        """Where rows rejected a draft (row, token, the draft's distribution or None for a point mass):
+        ``max(0, p - q)``, unnormalized (the draw does not need it); for a point mass that is ``p`` without the
+        token. Other rows keep ``p`` (the bonus token)."""
+        for row, token, q in rejected:
+            if q is None:
+                probs[row, token] = 0.0
+            else:
+                residual = (probs[row] - q).clamp_(min=0.0)
+                if residual.sum() > 0:  # (p == q leaves nothing: only by rounding, as rejection then has p ~ 0)
+                    probs[row] = residual
         return probs
 
     @staticmethod

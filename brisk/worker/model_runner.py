@@ -117,6 +117,8 @@ class ModelRunner:
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
         self.rejection_sampler = RejectionSampler(self.sampler, seed)
+        # A draft-model proposer (spec_decode/draft_model.py): drafts a step's tokens and mirrors its KV writes.
+        self.drafter = None
         self.kv_caches: list[torch.Tensor] = []
         # The last launched step's sampled ids (on the device) and each sampling request's row in them.
         self._last_sampled: torch.Tensor | None = None
@@ -238,6 +240,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
         """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
         chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
+        draft_probs = self.drafter.draft(out) if self.drafter is not None and out.spec_token_ids else {}
         num_tokens, padded, metadata = self._prepare(out)
         timer.mark("prepare")
         if padded:
@@ -247,13 +250,16 @@ class ModelRunner:
                 hidden = self.model(
                     self.buffers.on_device.input_ids[:num_tokens], self.buffers.on_device.positions[:num_tokens]
                 )
+        if self.drafter is not None:
+            on_device = self.buffers.on_device
+            self.drafter.mirror(on_device.input_ids[:num_tokens], on_device.positions[:num_tokens], metadata)
         timer.mark("forward", sync=True)
 
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
         sampled_host = done = logprobs = chosen = None
         host_inputs: tuple[torch.Tensor, ...] = ()
         if sample_rows and out.spec_token_ids:
-            verification = self._verify(out, sample_rows, hidden, metadata)
+            verification = self._verify(out, sample_rows, hidden, metadata, draft_probs)
             prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
             timer.mark("sample")
             return LaunchedStep(out, sample_rows, None, None, None, None, prompt_logprobs, verification=verification)
@@ -283,11 +289,16 @@ class ModelRunner:
         return LaunchedStep(out, sample_rows, sampled_host, done, logprobs, chosen, prompt_logprobs, host_inputs)
 
     def _verify(
-        self, out: SchedulerOutput, sample_rows: list[int], hidden: torch.Tensor, metadata: AttentionMetadata
+        self,
+        out: SchedulerOutput,
+        sample_rows: list[int],
+        hidden: torch.Tensor,
+        metadata: AttentionMetadata,
+        draft_probs: dict[str, torch.Tensor],
     ) -> Verification:
         """A step with drafts: logits at each sampling row's last token and at each of its drafts, checked by the
-        rejection sampler (rows without drafts just sample). Reads the tokens back: the next step's inputs depend
-        on how many drafts were accepted."""
+        rejection sampler (rows without drafts just sample; ``draft_probs``: the distributions a draft model drew
+        from, by request). Reads the tokens back: the next step's inputs depend on how many drafts were accepted."""
         requests = [out.scheduled[i].request for i in sample_rows]
         drafts = [out.spec_token_ids.get(r.request_id, []) for r in requests]
         index = []
@@ -296,7 +307,7 @@ class ModelRunner:
             index.extend(range(end - 1 - len(d), end))
         logits = self.model.compute_logits(hidden[to_device_async(index, torch.int64, self.device)])
         self._last_sampled, self._last_sample_rows = None, {}
-        return self.rejection_sampler(logits, requests, drafts)
+        return self.rejection_sampler(logits, requests, drafts, [draft_probs.get(r.request_id) for r in requests])
 
     def _prompt_logprobs(
         self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, metadata: AttentionMetadata

@@ -184,7 +184,7 @@ class Sampler:
         ids, host_ids = self.fused.gumbel_argmax(logits, temperature, self._seeds.getrandbits(31))
         return SamplerOutput(ids, None, None, host_token_ids=host_ids, host_inputs=(temperature,))
 
-    def _probs(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool]) -> torch.Tensor:
+    def filtered_probs(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool]) -> torch.Tensor:
         """Temperature, then top-k / top-p / min-p: the distribution a sampled row draws from (greedy rows: T=1)."""
         params = [r.sampling_params for r in requests]
         temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
@@ -201,7 +201,7 @@ class Sampler:
         greedy = [r.sampling_params.greedy for r in requests]
         if all(greedy):
             return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-        probs = self._probs(logits, requests, greedy)
+        probs = self.filtered_probs(logits, requests, greedy)
         if any(greedy):
             rows = to_device_async([i for i, g in enumerate(greedy) if g], torch.int64, self.device)
             probs[rows] = torch.nn.functional.one_hot(logits[rows].argmax(dim=-1), logits.shape[-1]).float()
@@ -218,7 +218,7 @@ class Sampler:
         return (probs / noise).argmax(dim=-1)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
-        sampled = self.draw(self._probs(logits, requests, greedy), requests, greedy)
+        sampled = self.draw(self.filtered_probs(logits, requests, greedy), requests, greedy)
         if not any(greedy):
             return sampled
         return torch.where(to_device_async(greedy, torch.bool, self.device), greedy_ids, sampled)

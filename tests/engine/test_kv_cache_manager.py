@@ -35,20 +35,53 @@ def fake_tokens(rng: random.Random, out) -> list[int | None]:
     return [rng.randrange(8) if entry.sample else None for entry in out.scheduled]
 
 
+def random_scheduler(rng: random.Random, enable_caching: bool) -> Scheduler:
+    """A scheduler over a small KV cache of random shape and a random token budget."""
+    num_blocks = rng.choice([24, 40, 64])
+    block_size = rng.choice([4, 8, 16])
+    kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_caching=enable_caching)
+    # As at engine startup: one max_model_len sequence always fits the whole cache.
+    max_model_len = min(200, num_blocks * block_size)
+    return Scheduler(kv, max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=8, max_model_len=max_model_len)
+
+
+def drive(rng: random.Random, sched: Scheduler, step, idle=lambda: True) -> None:
+    """1,500 random operations (arrivals with shared stems, aborts, ``step()``s) with the KV invariants checked after
+    each; then drain (``idle``: no step in flight either), after which every block must be free."""
+    kv = sched.kv
+    next_id = 0
+    for _ in range(1500):
+        op = rng.random()
+        if op < 0.15:
+            request = make_request(rng, next_id)
+            if request.num_tokens < sched.max_model_len:
+                sched.add_request(request)
+            next_id += 1
+        elif op < 0.2 and sched.requests:
+            victim = rng.choice(list(sched.requests))
+            sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
+        else:
+            step()
+        check_invariants(kv)
+    for _ in range(5000):
+        if not sched.has_unfinished_requests() and idle():
+            break
+        step()
+        check_invariants(kv)
+    assert not sched.has_unfinished_requests()
+    assert kv.num_free_blocks == kv.pool.num_blocks
+    assert not kv.req_to_blocks
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("seed", range(4))
 def test_fuzz_scheduler_and_kv_manager(seed, overlap):
     """With ``overlap`` each step is scheduled before the previous one's tokens are applied (async scheduling)."""
     rng = random.Random(seed)
-    num_blocks = rng.choice([24, 40, 64])
-    block_size = rng.choice([4, 8, 16])
-    kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_caching=seed % 2 == 0)
-    # As at engine startup: one max_model_len sequence always fits the whole cache.
-    max_model_len = min(200, num_blocks * block_size)
-    sched = Scheduler(kv, max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=8, max_model_len=max_model_len)
+    sched = random_scheduler(rng, enable_caching=seed % 2 == 0)
+    kv, max_model_len = sched.kv, sched.max_model_len
     finished: list[Request] = []
     in_flight = None
-    next_id = 0
 
     def step():
         nonlocal in_flight
@@ -71,28 +104,7 @@ def test_fuzz_scheduler_and_kv_manager(seed, overlap):
         if previous is not None:
             finished.extend(sched.update_from_output(previous, fake_tokens(rng, previous)))
 
-    for _ in range(1500):
-        op = rng.random()
-        if op < 0.15:
-            request = make_request(rng, next_id)
-            if request.num_tokens < max_model_len:
-                sched.add_request(request)
-            next_id += 1
-        elif op < 0.2 and sched.requests:
-            victim = rng.choice(list(sched.requests))
-            sched.finish_requests([victim], RequestStatus.FINISHED_ABORTED)
-        else:
-            step()
-        check_invariants(kv)
-    # Drain, then everything must be free.
-    for _ in range(5000):
-        if not sched.has_unfinished_requests() and in_flight is None:
-            break
-        step()
-        check_invariants(kv)
-    assert not sched.has_unfinished_requests()
-    assert kv.num_free_blocks == num_blocks
-    assert not kv.req_to_blocks
+    drive(rng, sched, step, idle=lambda: in_flight is None)
     # Length-finished requests stopped exactly at their limit: no token of a step scheduled past it was kept.
     assert finished
     for request in finished:

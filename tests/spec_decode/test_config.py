@@ -31,6 +31,8 @@ def test_defaults_and_vllm_window_rule():
         ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "exceeds"),
         ({"method": "ngram", "num_speculative_tokens": 2, "num_lookahead": 2}, "num_lookahead"),
         ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
+        ({"method": "ngram", "model": "x", "num_speculative_tokens": 2}, "takes no 'model'"),
     ],
 )
 def test_bad_configs_name_the_field(config, message):

@@ -96,3 +96,15 @@ def test_stops_logprobs_and_min_tokens_match(tiny_llama, baseline):
                 assert all(abs(px[t].logprob - py[t].logprob) < 1e-4 for t in px)
             assert cy.cumulative_logprob == pytest.approx(cx.cumulative_logprob, abs=1e-3)
     assert_speculated(b)
+
+
+def test_seeded_sampling_is_reproducible(tiny_llama, baseline):
+    """Sampled verification draws from each seeded request's own generator: the same seeds give the same tokens
+    run to run, whatever else is in the batch."""
+    prompts, _ = baseline
+    llm = LLM(tiny_llama, device="cpu", speculative_config=NGRAM)
+    params = SamplingParams(n=2, temperature=0.8, top_p=0.9, presence_penalty=0.5, seed=7, max_tokens=24)
+    first = llm.generate(prompts[:2], params, use_tqdm=False)
+    again = llm.generate(prompts[:2] + prompts[4:6], params, use_tqdm=False)[:2]
+    assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
+    assert sum(o.metrics.num_draft_tokens for o in first) > 0

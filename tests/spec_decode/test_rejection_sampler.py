@@ -34,11 +34,17 @@ def chi_square_p_value(counts: torch.Tensor, expected_probs: torch.Tensor) -> fl
     return torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic.double() / 2).item()
 
 
-def first_tokens(sampler: RejectionSampler, draft: list[int]) -> torch.Tensor:
-    """Counts of the first emitted token over NUM_SAMPLES requests that each verify ``draft``."""
+def first_tokens(sampler: RejectionSampler, draft: list[int] | None) -> torch.Tensor:
+    """Counts of the first emitted token over NUM_SAMPLES requests that each verify ``draft``; with None, each
+    verifies one draft drawn from ``DRAFT_Q`` (a draft model's sample)."""
     requests = [Request(f"r{i}", [1, 2, 3], PARAMS, frozenset()) for i in range(NUM_SAMPLES)]
-    logits = LOGITS.repeat(NUM_SAMPLES * (len(draft) + 1), 1)
-    verification = sampler(logits, requests, [draft] * NUM_SAMPLES)
+    if draft is None:
+        drawn = torch.multinomial(DRAFT_Q, NUM_SAMPLES, replacement=True, generator=torch.Generator().manual_seed(1))
+        drafts, draft_probs = [[t] for t in drawn.tolist()], [DRAFT_Q[None]] * NUM_SAMPLES
+    else:
+        drafts, draft_probs = [draft] * NUM_SAMPLES, None
+    logits = LOGITS.repeat(NUM_SAMPLES * (len(drafts[0]) + 1), 1)
+    verification = sampler(logits, requests, drafts, draft_probs)
     first = torch.tensor([tokens[0] for tokens in verification.token_ids])
     return torch.bincount(first, minlength=VOCAB).double()
 
@@ -51,21 +57,23 @@ class ResampleFromTarget(RejectionSampler):
         return probs
 
 
-# Drafts: the likeliest token, a mid one, one outside the top-p nucleus, and two drafts in a row.
-DRAFTS = [[0], [2], [6], [1, 1]]
+# A draft model's distribution, unlike the target's (it favours tokens the target ranks lower).
+DRAFT_Q = torch.tensor([-1.0, 0.0, 1.0, 1.5, 0.5, 1.0, 0.0, -1.0]).softmax(-1)
+# Drafts: the likeliest token, a mid one, one outside the top-p nucleus, two drafts in a row, one drawn from q.
+DRAFTS = [[0], [2], [6], [1, 1], None]
 
 
 @pytest.mark.parametrize("draft", DRAFTS, ids=str)
 def test_emitted_token_follows_the_target_distribution(draft):
-    """Chi-square over 20,000 draws, p > 0.001. Measured with seed 0: p = 0.60, 0.96, 0.98 and 0.48 for drafts
-    [0], [2], [6] and [1, 1]. The wrong rule of ``ResampleFromTarget`` gives p = 0.0 (to double precision) on the
-    same draws for [0], [2] and [1, 1] (the test below); draft [6] lies outside the nucleus, so both rules
-    always reject it and draw from ``p`` (p = 0.98 for both)."""
+    """Chi-square over 20,000 draws, p > 0.001. Measured with seed 0: p = 0.60, 0.96, 0.98, 0.48 and 0.80 for
+    drafts [0], [2], [6], [1, 1] and drafts drawn from ``DRAFT_Q``. The wrong rule of ``ResampleFromTarget`` gives
+    p = 0.0 (to double precision) on the same draws for all but [6] (the test below); draft [6] lies outside the
+    nucleus, so both rules always reject it and draw from ``p`` (p = 0.98 for both)."""
     sampler = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)
     assert chi_square_p_value(first_tokens(sampler, draft), target()) > 0.001
 
 
-@pytest.mark.parametrize("draft", [[0], [2], [1, 1]], ids=str)
+@pytest.mark.parametrize("draft", [[0], [2], [1, 1], None], ids=str)
 def test_a_wrong_residual_fails_the_same_test(draft):
     sampler = ResampleFromTarget(Sampler(torch.device("cpu"), seed=0), seed=0)
     assert chi_square_p_value(first_tokens(sampler, draft), target()) < 0.001

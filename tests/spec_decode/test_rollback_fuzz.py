@@ -8,9 +8,9 @@ import random
 import pytest
 
 from brisk.engine.kv_cache_manager import KVCacheManager, hash_block_tokens
-from brisk.engine.request import Request, RequestStatus
+from brisk.engine.request import Request
 from brisk.engine.scheduler import Scheduler, SchedulerOutput
-from tests.engine.test_kv_cache_manager import check_invariants, make_request
+from tests.engine.test_kv_cache_manager import drive, random_scheduler
 
 
 def model_token(request: Request, index: int) -> int:
@@ -61,14 +61,10 @@ def check_like_plain_path(kv: KVCacheManager, sched: Scheduler) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_fuzz_speculative_rollback(seed):
     rng = random.Random(seed)
-    num_blocks = rng.choice([24, 40, 64])
-    block_size = rng.choice([4, 8, 16])
-    kv = KVCacheManager(num_blocks=num_blocks, block_size=block_size, enable_caching=seed % 2 == 0)
-    max_model_len = min(200, num_blocks * block_size)
-    sched = Scheduler(kv, max_num_batched_tokens=rng.choice([16, 64, 256]), max_num_seqs=8, max_model_len=max_model_len)
+    sched = random_scheduler(rng, enable_caching=seed % 2 == 0)
+    kv, max_model_len = sched.kv, sched.max_model_len
     finished: list[Request] = []
     stats = {"drafts": 0, "accepted": 0, "rejected_steps": 0}
-    next_id = 0
 
     def step():
         for request in sched.running:
@@ -88,25 +84,7 @@ def test_fuzz_speculative_rollback(seed):
         finished.extend(sched.update_from_output(out, sampled, accepted))
         check_like_plain_path(kv, sched)
 
-    for _ in range(1500):
-        op = rng.random()
-        if op < 0.15:
-            request = make_request(rng, next_id)
-            if request.num_tokens < max_model_len:
-                sched.add_request(request)
-            next_id += 1
-        elif op < 0.2 and sched.requests:
-            sched.finish_requests([rng.choice(list(sched.requests))], RequestStatus.FINISHED_ABORTED)
-        else:
-            step()
-        check_invariants(kv)
-    for _ in range(5000):
-        if not sched.has_unfinished_requests():
-            break
-        step()
-        check_invariants(kv)
-    assert not sched.has_unfinished_requests()
-    assert kv.num_free_blocks == num_blocks and not kv.req_to_blocks
+    drive(rng, sched, step)
     assert finished and stats["accepted"] > 0 and stats["rejected_steps"] > 0
     for request in finished:
         limit = min(request.sampling_params.max_tokens, max_model_len - request.num_prompt_tokens)

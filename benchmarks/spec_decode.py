@@ -1,0 +1,81 @@
+"""Speculative decoding at batch 1 on the fixed code prompts (``spec_decode_prompts.py``): decode speed with and
+without speculation, and the acceptance length.
+
+    python benchmarks/spec_decode.py --model TARGET [--spec '{"method": "ngram", "num_speculative_tokens": 4}' ...]
+        [--num-prompts 32] [--max-tokens 256] [--temperature 0] [--device auto] [--json FILE]
+
+Each ``--spec`` (repeatable) and the plain engine run the same prompts one at a time through the chat template,
+with the same sampling settings. Per run: decode tok/s = output tokens after the first / (finished - first token
+time), summed over prompts (prefill excluded); for speculation also drafts proposed and accepted, the acceptance
+rate and the mean acceptance length (tokens per verifying step), and the speedup over the plain run. Greedy runs
+also check that speculation gave the plain run's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from spec_decode_prompts import messages  # noqa: E402
+
+from brisk import LLM, SamplingParams  # noqa: E402
+
+
+def run(model: str, spec: dict | None, conversations: list, params: SamplingParams, device: str) -> dict:
+    llm = LLM(model, device=device, speculative_config=spec)
+    llm.chat(conversations[0], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
+    tokens, decode_s, drafts, accepted, steps, outputs = 0, 0.0, 0, 0, 0, []
+    for conversation in conversations:
+        out = llm.chat(conversation, params, use_tqdm=False)[0]
+        m = out.metrics
+        tokens += len(out.outputs[0].token_ids) - 1
+        decode_s += m.finished_time - m.first_token_time
+        drafts, accepted = drafts + m.num_draft_tokens, accepted + m.num_accepted_tokens
+        steps += m.num_spec_steps
+        outputs.append(out.outputs[0].token_ids)
+    del llm
+    gc.collect()
+    result = {"spec": spec, "decode_tokens": tokens, "decode_s": round(decode_s, 4),
+              "decode_tok_s": round(tokens / decode_s, 2) if decode_s else None}  # fmt: skip
+    if spec is not None:
+        result.update(num_draft_tokens=drafts, num_accepted_tokens=accepted, num_spec_steps=steps,
+                      acceptance_rate=round(accepted / drafts, 4) if drafts else None,
+                      mean_acceptance_length=round(1 + accepted / steps, 3) if steps else None)  # fmt: skip
+    return result, outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--spec", action="append", type=json.loads, default=[], help="a speculative_config (JSON)")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--json", default=None, help="write every number to this file")
+    args = parser.parse_args()
+    conversations = messages()[: args.num_prompts]
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0)
+    plain, plain_tokens = run(args.model, None, conversations, params, args.device)
+    results = [plain]
+    for spec in args.spec:
+        result, tokens = run(args.model, spec, conversations, params, args.device)
+        result["speedup"] = round(result["decode_tok_s"] / plain["decode_tok_s"], 3)
+        if args.temperature == 0:
+            result["same_tokens_as_plain"] = tokens == plain_tokens
+        results.append(result)
+    report = {"model": args.model, "num_prompts": len(conversations), "max_tokens": args.max_tokens,
+              "temperature": args.temperature, "results": results}  # fmt: skip
+    print(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

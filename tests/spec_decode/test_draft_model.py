@@ -1,0 +1,111 @@
+"""The draft-model proposer: a draft made by truncating the target to its first layers (with transformers, saved
+as a real HF folder) gives the plain path's greedy tokens, through prefix-cache hits, chunked prefill, preemption
+and ``n = 3``; a draft with another vocabulary or a shorter context is a clear startup error."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from brisk import LLM, SamplingParams
+from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def truncated_copy(source: str, folder: Path, num_layers: int, **config_changes) -> str:
+    """``source`` cut to its first ``num_layers`` decoder layers (a smaller model with the same vocabulary)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    model.model.layers = model.model.layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    for key, value in config_changes.items():
+        setattr(model.config, key, value)
+    if "vocab_size" in config_changes:
+        model.resize_token_embeddings(config_changes["vocab_size"])
+    model.save_pretrained(folder)
+    for name in Path(source).iterdir():
+        if name.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(name, folder / name.name)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def draft(tiny_llama, tmp_path_factory):
+    return truncated_copy(tiny_llama, tmp_path_factory.mktemp("draft"), 1)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama):
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    prompts = prompts_with_shared_prefix(llm.get_tokenizer(), count=6)
+    return prompts, token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
+
+
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"enable_prefix_caching": True},
+        {"max_num_batched_tokens": 16, "enable_prefix_caching": False},
+        {"kv_cache_memory_bytes": 12 * 16 * (512 + 256), "max_model_len": 160},  # target + draft bytes per token
+    ],
+    ids=["prefix-cache", "chunked-prefill", "preemption"],
+)
+def test_same_greedy_tokens(tiny_llama, draft, baseline, engine_kwargs):
+    prompts, expected = baseline
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, **engine_kwargs)
+    if engine_kwargs.get("enable_prefix_caching"):
+        llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    proposed = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert 0 < accepted < proposed
+    if "kv_cache_memory_bytes" in engine_kwargs:
+        assert llm.engine.kv_cache_manager.pool.num_blocks == 12
+        assert llm.engine.get_stats().num_preemptions > 0
+    n3 = llm.generate(prompts[:1], SamplingParams(n=3, temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    assert [c.token_ids for c in n3[0].outputs] == [expected[0]] * 3
+
+
+def test_draft_errors(tiny_llama, tmp_path):
+    other_vocab = truncated_copy(tiny_llama, tmp_path / "vocab", 1, vocab_size=320)
+    with pytest.raises(ValueError, match="vocabulary of 320 tokens, the target 384"):
+        LLM(tiny_llama, device="cpu", speculative_config={"method": "draft_model", "model": other_vocab,
+                                                           "num_speculative_tokens": 2})  # fmt: skip
+    short = truncated_copy(tiny_llama, tmp_path / "short", 1, max_position_embeddings=256)
+    with pytest.raises(ValueError, match="allows 256 positions but max_model_len is 1024: lower max_model_len"):
+        LLM(tiny_llama, device="cpu", speculative_config={"method": "draft_model", "model": short,
+                                                           "num_speculative_tokens": 2})  # fmt: skip
+    LLM(tiny_llama, device="cpu", max_model_len=256, speculative_config={"method": "draft_model", "model": short,
+                                                                        "num_speculative_tokens": 2})  # fmt: skip
+
+
+def test_the_target_as_its_own_draft_accepts_everything(tiny_llama, baseline):
+    """The draft's KV cache must mirror the target's exactly (same slots, every step, prefix hits included): then a
+    draft identical to the target proposes the target's own greedy tokens, and every one is accepted. Without the
+    mirroring pass 1 of 234 drafts was accepted."""
+    prompts, expected = baseline
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, max_num_batched_tokens=64)
+    llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in outputs)
+    assert all(o.metrics.mean_acceptance_length > 3 for o in outputs)  # k = 3; the last step may have fewer
+
+
+def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
+    """Sampled requests draw drafts from the draft's own distribution (q goes to the rejection sampler): with the
+    target as its own draft p == q, so every draft is accepted; seeds make the run reproducible."""
+    prompts, _ = baseline
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config)
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True)
+    first = llm.generate(prompts[:2], params, use_tqdm=False)
+    again = llm.generate(prompts[:2], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in again]
+    assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in first)
