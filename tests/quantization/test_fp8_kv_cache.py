@@ -6,12 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from safetensors.torch import load_file, save_file
 
 from brisk import LLM, SamplingParams
 from brisk.layers.attention.torch_ref import TorchAttentionImpl
+from brisk.layers.attention.triton_backend import TritonAttentionImpl
+from brisk.layers.attention.triton_kernels import _round_to_e4m3
 from brisk.layers.quantization.fp8_utils import FP8_DTYPE
 from brisk.layers.quantization.kv_cache import quantize_kv
+from brisk.layers.rotary import RotaryEmbedding
 from tests.engine.test_equivalence import GREEDY, prompts_with_shared_prefix, token_ids
 from tests.layers.test_triton_attention import make_batch
 from tests.quantization.test_fp8_online import _prompt_logprobs
@@ -122,7 +127,8 @@ def test_bad_checkpoint_kv_scale(tiny_llama, tmp_path):
         _llm(folder)
 
 
-def test_backend_without_fp8_kv_support(tiny_llama):
+def test_backend_without_fp8_kv_support(tiny_llama, monkeypatch):
+    monkeypatch.setattr("brisk.engine.engine.FP8_KV_BACKENDS", ("torch",))  # as a backend that cannot
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8' is not supported by attention_backend='triton'"):
         _llm(tiny_llama, attention_backend="triton")
 
@@ -130,3 +136,51 @@ def test_backend_without_fp8_kv_support(tiny_llama):
 def test_unknown_kv_cache_dtype(tiny_llama):
     with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of \('auto', 'fp8', 'fp8_e4m3'\)"):
         LLM(tiny_llama, device="cpu", kv_cache_dtype="int8")
+
+
+def _fp8_pair(seqs, rotary: bool, scale: float, seed: int = 3):
+    """The same step through the torch and the Triton backend, both over an FP8 cache with ``scale`` for keys
+    and twice it for values: (torch output, torch cache, Triton output, Triton cache), real rows only."""
+    num_heads, num_kv_heads, head_size = 6, 2, 48
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, 8, seed=seed)
+    cache = torch.nan_to_num(cache)
+    fp8 = torch.stack([quantize_kv(cache[0], scale), quantize_kv(cache[1], 2 * scale)])
+    rope = RotaryEmbedding(head_size, 128, {"rope_type": "default", "rope_theta": 10000.0}) if rotary else None
+    positions = torch.tensor([s - q_len + i for s, q_len in seqs for i in range(q_len)]) if rotary else None
+    outs = []
+    for cls in (TorchAttentionImpl, TritonAttentionImpl):
+        impl = cls(num_heads, num_kv_heads, head_size, head_size**-0.5)
+        impl.k_scale, impl.v_scale = scale, 2 * scale
+        layer_cache = fp8.clone()
+        outs += [impl.forward(q.clone(), k.clone(), v, layer_cache, md, rope, positions), layer_cache]
+    return outs
+
+
+@pytest.mark.parametrize("rotary", [False, True], ids=["plain", "rotary"])
+@pytest.mark.parametrize("seqs", [SEQS, [(40, 1), (7, 1), (70, 1)]], ids=["mixed", "decode"])
+def test_triton_backend_matches_torch_backend_over_fp8(seqs, rotary):
+    """Triton's writers store the bytes the reference stores (divide, saturate, round to nearest even) and its
+    unified and split decode kernels, which fold the scales into the scores and the output, give the reference's
+    outputs within 1e-4 (TRITON_INTERPRET=1 on the CPU)."""
+    ref, ref_cache, out, cache = _fp8_pair(seqs, rotary, scale=0.25)
+    assert cache.dtype == FP8_DTYPE
+    assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)
+
+
+@triton.jit
+def _cast_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.clamp(tl.load(x_ptr + offs), -448.0, 448.0)
+    tl.store(y_ptr + offs, _round_to_e4m3(x).to(y_ptr.dtype.element_ty))
+
+
+def test_triton_rounding_to_e4m3_matches_torch():
+    """The kernels' explicit round-to-nearest-even gives torch's float8_e4m3fn bytes over the whole range
+    (subnormals, signed zeros, ties, carries into the exponent, saturation)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.logspace(-5, 2.8, 4096)
+    x[:8] = torch.tensor([-1.998, 1.979, 2**-6 - 2**-12, 3 * 2**-10, -(2**-11), 447.0, 500.0, -0.0])
+    y = torch.empty(4096, dtype=FP8_DTYPE)
+    _cast_kernel[(1,)](x, y, N=4096)
+    assert torch.equal(y.view(torch.uint8), x.clamp(-448, 448).to(FP8_DTYPE).view(torch.uint8))

@@ -9,7 +9,7 @@ import torch
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
 
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
-FP8_KV_BACKENDS = ("torch",)  # backends that read and write an FP8 KV cache (kv_cache_dtype="fp8")
+FP8_KV_BACKENDS = ("torch", "triton")  # backends that read and write an FP8 KV cache (kv_cache_dtype="fp8")
 
 
 @functools.cache
