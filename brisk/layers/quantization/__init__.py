@@ -12,6 +12,7 @@ QUANTIZATION_METHODS = {
     "fp8": ("fp8", "Fp8Config"),
     "compressed-tensors": ("compressed_tensors", "CompressedTensorsConfig"),
     "awq": ("awq", "AWQConfig"),
+    "gptq": ("gptq", "GPTQConfig"),
 }
 ONLINE_METHODS = ("fp8",)  # formats that quantize an unquantized checkpoint while loading
 
