@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from brisk.layers.quantization import QUANTIZATION_METHODS
+from brisk.layers.quantization.kv_cache import KV_CACHE_DTYPES
 from brisk.spec_decode.config import SpeculativeConfig
 
 _DTYPES = {
@@ -19,7 +21,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # auto: the model's dtype; fp8 is float8_e4m3fn
 EXECUTOR_BACKENDS = ("uni", "mp")  # uni: the engine's process is the only rank; mp: one worker process per rank
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -92,10 +93,8 @@ class EngineArgs:
         )
         require(
             self.kv_cache_dtype in KV_CACHE_DTYPES,
-            f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}.",
+            f"kv_cache_dtype must be one of {tuple(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}.",
         )
-        from brisk.layers.quantization import QUANTIZATION_METHODS
-
         require(
             self.quantization is None or self.quantization in QUANTIZATION_METHODS,
             f"quantization must be one of {sorted(QUANTIZATION_METHODS)} (or unset), got {self.quantization!r}.",

@@ -29,8 +29,9 @@ from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.executor import create_executor
-from brisk.layers.attention import ATTENTION_BACKENDS, default_backend
+from brisk.layers.attention import ATTENTION_BACKENDS, FP8_KV_BACKENDS, default_backend
 from brisk.layers.quantization import get_quantization_config
+from brisk.layers.quantization.kv_cache import resolve_kv_cache_dtype
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
 from brisk.spec_decode.ngram_proposer import NgramProposer
@@ -84,8 +85,7 @@ class LLMEngine:
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.model_config.quant_config = get_quantization_config(args.quantization, hf_config)
-        if args.kv_cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype={args.kv_cache_dtype!r} is not supported yet; use 'auto'.")
+        self.model_config.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype)
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
         self.tokenizer = load_tokenizer(
@@ -103,6 +103,11 @@ class LLMEngine:
             raise ValueError(
                 f"attention_backend='flashinfer' runs on CUDA GPUs in float16 or bfloat16 (got {self.device.type}, "
                 f"{str(dtype).removeprefix('torch.')}); choose another dtype, or attention_backend 'triton' or 'torch'."
+            )
+        if self.model_config.kv_cache_dtype is not None and backend not in FP8_KV_BACKENDS:
+            raise ValueError(
+                f"kv_cache_dtype={args.kv_cache_dtype!r} is not supported by attention_backend={backend!r}; "
+                f"use attention_backend {' or '.join(repr(b) for b in FP8_KV_BACKENDS)}, or kv_cache_dtype 'auto'."
             )
         self.attention_backend = backend
         self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)

@@ -194,6 +194,13 @@ class LlamaForCausalLM(nn.Module):
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 tied_head = tensor
                 continue
+            if name.endswith((".self_attn.k_scale", ".self_attn.v_scale")):  # FP8 KV-cache scales
+                layer = self.model.layers[int(name.split(".")[2])]
+                try:
+                    layer.self_attn.attn.load_kv_scale(name[-7], tensor)
+                except ValueError as exc:
+                    raise ValueError(f"checkpoint tensor {name!r}: {exc}") from None
+                continue
             checkpoint_name, shard_id = name, None
             for fragment, (fused, shard) in self.packed_modules_mapping.items():
                 if f".{fragment}." in name:

@@ -130,7 +130,7 @@ class ModelRunner:
 
     # ---- KV cache -----------------------------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
-        return self.block_size * self.model_config.kv_bytes_per_token(self.model_config.dtype)
+        return self.block_size * self.model_config.kv_bytes_per_token(self.model_config.kv_dtype)
 
     def profile_available_kv_bytes(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
         """GPU only: run a worst-case step, then give the KV cache what the memory budget leaves."""
@@ -170,7 +170,7 @@ class ModelRunner:
             )
         cfg = self.model_config
         shape = (2, num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_size)
-        self.kv_caches = [torch.zeros(shape, dtype=cfg.dtype, device=self.device) for _ in range(cfg.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=cfg.kv_dtype, device=self.device) for _ in range(cfg.num_layers)]
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
 

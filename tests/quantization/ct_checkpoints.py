@@ -18,7 +18,7 @@ from compressed_tensors.quantization import (
     apply_quantization_config,
     preset_name_to_scheme,
 )
-from compressed_tensors.quantization.utils import calculate_qparams
+from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -30,7 +30,7 @@ def _weight_min_max(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Ten
         return weight.amin().reshape(1), weight.amax().reshape(1)
     if args.strategy == "channel":
         return weight.amin(1, keepdim=True), weight.amax(1, keepdim=True)
-    if args.strategy == "group":
+    if args.strategy in ("group", "tensor_group"):
         groups = weight.unflatten(-1, (-1, args.group_size))
         return groups.amin(-1), groups.amax(-1)
     raise ValueError(f"no observer here for weight strategy {args.strategy}")
@@ -74,7 +74,12 @@ def make_ct_checkpoint(base: str, out: Path, preset: str, **weight_args) -> str:
             scheme = getattr(module, "quantization_scheme", None)
             if scheme is None:
                 continue
-            scale, zero = calculate_qparams(*_weight_min_max(module.weight, scheme.weights), scheme.weights)
+            global_scale = None
+            if scheme.weights.strategy == "tensor_group":  # NVFP4: a global scale over the group scales
+                global_scale = generate_gparam(module.weight.amin(), module.weight.amax())
+                module.weight_global_scale.data.copy_(global_scale)
+            lo_hi = _weight_min_max(module.weight, scheme.weights)
+            scale, zero = calculate_qparams(*lo_hi, scheme.weights, global_scale=global_scale)
             module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
@@ -107,7 +112,7 @@ def library_reference_model(base: str, folder: str):
         missing, unexpected = model.load_state_dict(state, strict=False)
         assert not unexpected and all("weight" not in name or "lm_head" in name for name in missing), missing
         compressor.decompress_model(model)
-    return model
+    return model.float()  # NVFP4's decompression hands back bfloat16 weights (rounded: see the NVFP4 test)
 
 
 def copy_tokenizer(src: str, dst: Path) -> None:

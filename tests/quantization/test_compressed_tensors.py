@@ -24,6 +24,7 @@ SCHEMES = {
     "w4a16-g32": ("W4A16", {"group_size": 32}),  # pack-quantized, 8 values an int32
     "w4a16-g64-asym": ("W4A16_ASYM", {"group_size": 64}),  # + packed zero points
     "w4a16-channel": ("W4A16", {"strategy": "channel", "group_size": None}),
+    "nvfp4a16": ("NVFP4A16", {}),  # nvfp4-pack-quantized: FP4 values, FP8 group scales, global scales
 }
 
 
@@ -71,4 +72,38 @@ def test_matches_library_reference(ct_checkpoint, tiny_llama, scheme):
     expected_tokens, expected_logits = _reference(tiny_llama, folder)
     got = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == expected_tokens
-    torch.testing.assert_close(_brisk_logits(llm), expected_logits, rtol=0, atol=1e-4)
+    # The library hands NVFP4 weights back rounded to bfloat16 (2**-9 relative): logits then move by hundredths.
+    atol = 0.1 if preset == "NVFP4A16" else 1e-4
+    torch.testing.assert_close(_brisk_logits(llm), expected_logits, rtol=0, atol=atol)
+
+
+def test_nvfp4_weights_equal_the_library_dequantization_in_float32(ct_checkpoint):
+    """Every NVFP4 weight, fused q/k/v and gate/up included (each part with its own global scale), equals
+    compressed-tensors' ``dequantize`` of the checkpoint's tensors computed in float32."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from safetensors.torch import load_file
+
+    folder = ct_checkpoint("NVFP4A16")
+    config = json.loads((Path(folder) / "config.json").read_text())["quantization_config"]
+    args = QuantizationArgs.model_validate(config["config_groups"]["group_0"]["weights"])
+    state = load_file(str(Path(folder) / "model.safetensors"))
+
+    def library(name: str) -> torch.Tensor:
+        packed = state[f"{name}.weight_packed"]
+        values = unpack_fp4_from_uint8(packed, packed.shape[0], packed.shape[1] * 2, dtype=torch.float32)
+        scale, global_scale = state[f"{name}.weight_scale"].float(), state[f"{name}.weight_global_scale"]
+        return dequantize(values, scale, args=args, global_scale=global_scale, dtype=torch.float32)
+
+    layers = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22).engine.model_runner.model.model.layers
+    for i, layer in enumerate(layers):
+        fused = {
+            layer.self_attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            layer.self_attn.o_proj: ["self_attn.o_proj"],
+            layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+            layer.mlp.down_proj: ["mlp.down_proj"],
+        }
+        for linear, parts in fused.items():
+            expected = torch.cat([library(f"model.layers.{i}.{part}") for part in parts])
+            assert torch.equal(linear.quant_method.dequantized_weight(linear), expected)

@@ -38,7 +38,7 @@ def test_unknown_quant_method(tiny_llama, tmp_path):
 
 
 def test_unknown_quantization_flag(tiny_llama):
-    with pytest.raises(ValueError, match=r"quantization must be one of \['compressed-tensors', 'fp8'\]"):
+    with pytest.raises(ValueError, match=r"quantization must be one of \['awq', 'compressed-tensors', 'fp8', 'gptq'\]"):
         _start(tiny_llama, quantization="int3")
 
 

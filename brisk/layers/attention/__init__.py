@@ -9,6 +9,7 @@ import torch
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
 
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")
+FP8_KV_BACKENDS = ("torch", "triton")  # backends that read and write an FP8 KV cache (kv_cache_dtype="fp8")
 
 
 @functools.cache
@@ -47,4 +48,11 @@ def get_attn_impl_cls(name: str) -> type[AttentionImpl]:
     raise ValueError(f"Unknown attention_backend {name!r}; choose one of {', '.join(ATTENTION_BACKENDS)}.")
 
 
-__all__ = ["AttentionImpl", "AttentionMetadata", "get_attn_impl_cls", "default_backend", "ATTENTION_BACKENDS"]
+__all__ = [
+    "AttentionImpl",
+    "AttentionMetadata",
+    "get_attn_impl_cls",
+    "default_backend",
+    "ATTENTION_BACKENDS",
+    "FP8_KV_BACKENDS",
+]

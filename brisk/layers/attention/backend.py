@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from brisk.layers.quantization.kv_cache import DEFAULT_KV_SCALE, is_fp8, quantize_kv
 from brisk.layers.rotary import RotaryEmbedding
 
 
@@ -51,6 +52,8 @@ class AttentionImpl:
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.scale = scale
+        # An FP8 cache stores key / scale and value / scale (set from the checkpoint's k_scale and v_scale).
+        self.k_scale = self.v_scale = DEFAULT_KV_SCALE
 
     def forward(
         self,
@@ -66,7 +69,7 @@ class AttentionImpl:
         into ``kv_cache`` at ``metadata.slot_mapping``, then attend."""
         if rotary_emb is not None:
             query, key = rotary_emb(positions, query, key)
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping, self.k_scale, self.v_scale)
         return self.attend(query, kv_cache, metadata)
 
     def attend(self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
@@ -74,12 +77,23 @@ class AttentionImpl:
         raise NotImplementedError(f"{type(self).__name__} must implement attend() or override forward()")
 
 
-def write_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's keys and values into their cache slots (the reference for fused writers)."""
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = DEFAULT_KV_SCALE,
+    v_scale: float = DEFAULT_KV_SCALE,
+) -> None:
+    """Scatter this step's keys and values into their cache slots (the reference for fused writers); an FP8
+    cache gets them divided by ``k_scale`` / ``v_scale``."""
     num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
     flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         key, value, slot_mapping = key[valid], value[valid], slot_mapping[valid]
-    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
+    if is_fp8(kv_cache):  # copied as bytes: index_copy_ has no float8 kernel on the CPU
+        flat = flat.view(torch.uint8)
+        key, value = quantize_kv(key, k_scale).view(torch.uint8), quantize_kv(value, v_scale).view(torch.uint8)
+    flat[0].index_copy_(0, slot_mapping, key.to(flat.dtype))
+    flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))

@@ -19,6 +19,13 @@ class Attention(nn.Module):
         self.impl = get_attn_impl_cls(backend)(num_heads, num_kv_heads, head_size, scale)
         self.kv_cache = torch.empty(0)  # bound by the model runner once the cache is allocated
 
+    def load_kv_scale(self, which: str, scale: torch.Tensor) -> None:
+        """The checkpoint's ``k_scale`` or ``v_scale`` (``which``: "k" or "v"): what an FP8 cache divides this
+        layer's keys or values by (kept as a Python float, so steps read no device value)."""
+        if scale.numel() != 1 or not scale.is_floating_point() or not float(scale) > 0:
+            raise ValueError(f"a KV-cache scale must be one positive number, got shape {tuple(scale.shape)}")
+        setattr(self.impl, f"{which}_scale", float(scale))
+
     def forward(
         self,
         q: torch.Tensor,

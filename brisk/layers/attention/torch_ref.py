@@ -6,6 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+from brisk.layers.quantization.kv_cache import dequantize_kv, is_fp8
+
+
+def _pages(kv_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Blocks ``blocks`` of the cache (keys and values), gathered in one ``index_select`` (as bytes for FP8,
+    which has no CPU gather kernel)."""
+    if is_fp8(kv_cache):
+        return kv_cache.view(torch.uint8).index_select(1, blocks).view(kv_cache.dtype)
+    return kv_cache.index_select(1, blocks)
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -23,7 +32,7 @@ class TorchAttentionImpl(AttentionImpl):
             num_blocks = -(-seq_len // block_size)
             blocks = metadata.block_tables[i, :num_blocks].long()
             # One index_select for keys and values: advanced indexing costs twice as much per call on CPU.
-            k, v = kv_cache.index_select(1, blocks).flatten(1, 2)[:, :seq_len]  # each [seq_len, kv_heads, head]
+            k, v = self._read(_pages(kv_cache, blocks).flatten(1, 2)[:, :seq_len], query.dtype)
             q = query[q_start:q_end]
             # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it. A
             # single query sees every key and a whole prompt is plain causal: no mask tensor, so SDPA may take
@@ -47,6 +56,12 @@ class TorchAttentionImpl(AttentionImpl):
             output[q_start:q_end] = out.transpose(0, 1).to(output.dtype)
         return output
 
+    def _read(self, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gathered keys and values (``kv[0]``, ``kv[1]``); an FP8 cache's dequantized into ``dtype``."""
+        if not is_fp8(kv):
+            return kv[0], kv[1]
+        return dequantize_kv(kv[0], self.k_scale, dtype), dequantize_kv(kv[1], self.v_scale, dtype)
+
     def _single_query(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """One query token ([1, heads, head]) over all of its keys ([seq_len, kv_heads, head]). The query heads of
         a GQA group become that group's query rows, so SDPA runs without repeating KV heads and without a mask,
@@ -61,7 +76,9 @@ class TorchAttentionImpl(AttentionImpl):
         block_size = kv_cache.shape[2]
         num_blocks = -(-metadata.max_seq_len // block_size)
         tables = metadata.block_tables[: metadata.num_seqs, :num_blocks].long()
-        pages = kv_cache.index_select(1, tables.flatten()).unflatten(1, tables.shape).flatten(2, 3)
+        pages = _pages(kv_cache, tables.flatten()).unflatten(1, tables.shape).flatten(2, 3)
+        if is_fp8(kv_cache):
+            pages = torch.stack(self._read(pages, query.dtype))
         positions = torch.arange(pages.shape[2], device=query.device)
         valid = positions[None, :] < metadata.seq_lens[: metadata.num_seqs, None]  # [seqs, padded_len]
         # Padding slots may hold anything (stale or never-written values): zero them, masking alone keeps NaN.

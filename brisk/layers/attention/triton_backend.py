@@ -30,14 +30,19 @@ class TritonAttentionImpl(AttentionImpl):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        k_scale, v_scale = self.k_scale, self.v_scale
         if metadata.is_decode_only:
             rotary = (rotary_emb.cos, rotary_emb.sin, positions) if rotary_emb is not None else None
-            return tk.decode_attention(query, key, value, kv_cache, output, metadata, self.scale, rotary)
+            return tk.decode_attention(
+                query, key, value, kv_cache, output, metadata, self.scale, rotary, k_scale=k_scale, v_scale=v_scale
+            )
         if rotary_emb is None:
-            tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+            tk.write_kv_cache(key, value, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         else:
             cos, sin = rotary_emb.cos, rotary_emb.sin
-            tk.rope_and_write_kv_cache(positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping)
+            tk.rope_and_write_kv_cache(
+                positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping, k_scale, v_scale
+            )
         return tk.unified_attention(
             query,
             kv_cache,
@@ -48,4 +53,6 @@ class TritonAttentionImpl(AttentionImpl):
             self.scale,
             metadata.num_seqs,
             metadata.max_query_len,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

@@ -46,6 +46,28 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _round_to_e4m3(x):
+    """``x`` (float32 within +-448) rounded to the nearest float8_e4m3fn value, ties to even, in float32, so
+    that the cast after it is exact. (Triton's interpreter, which the CPU tests run, casts by dropping bits
+    without carrying into the exponent: 1.99 became 1.0.) Normal values keep 3 mantissa bits; below 2**-6 the
+    spacing is the subnormals' 2**-9, rounded by the add-and-subtract of 1.5 * 2**23 on the magnitude."""
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    magnitude = tl.abs(x)
+    subnormal = ((magnitude * 512.0 + 12582912.0) - 12582912.0) / 512.0
+    return tl.where(magnitude < 0.015625, tl.where(bits < 0, -subnormal, subnormal), normal)  # keeps -0.0
+
+
+@triton.jit
+def _to_cache(x, scale, cache_dtype: tl.constexpr, FP8_KV: tl.constexpr):
+    """``x`` as a cache entry: for an FP8 cache divided by the layer's scale, saturated at +-448 and rounded to
+    nearest even (the readers fold the scale back into the attention scores and the output)."""
+    if FP8_KV:
+        return _round_to_e4m3(tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)).to(cache_dtype)
+    return x.to(cache_dtype)
+
+
+@triton.jit
 def _write_kv_cache_kernel(
     key_ptr,
     value_ptr,
@@ -60,10 +82,13 @@ def _write_kv_cache_kernel(
     stride_cb,
     stride_ct,
     stride_ch,
+    k_scale,
+    v_scale,
     BLOCK_SIZE: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_P2: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    FP8_KV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -77,16 +102,18 @@ def _write_kv_cache_kernel(
     k = tl.load(key_ptr + token * stride_kt + heads[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(value_ptr + token * stride_vt + heads[:, None] * stride_vh + offs_d[None, :], mask=mask)
     dst = page * stride_cb + offset * stride_ct + heads[:, None] * stride_ch + offs_d[None, :]
-    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    cache_dtype = k_cache_ptr.dtype.element_ty
+    tl.store(k_cache_ptr + dst, _to_cache(k, k_scale, cache_dtype, FP8_KV), mask=mask)
+    tl.store(v_cache_ptr + dst, _to_cache(v, v_scale, cache_dtype, FP8_KV), mask=mask)
 
 
 @triton.jit
 def _rope_and_write_kv_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, pos_ptr, slot_mapping_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_ct, stride_ch, trig_stride,
+    k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, Q_HEADS_P2: tl.constexpr, KV_HEADS_P2: tl.constexpr,
-    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HALF: tl.constexpr, HALF_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr, FP8_KV: tl.constexpr,
 ):  # fmt: skip
     """One program per token: rotate its query and key heads in place and store its keys and values in the cache."""
     token = tl.program_id(0).to(tl.int64)
@@ -103,10 +130,10 @@ def _rope_and_write_kv_kernel(
         dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + heads[:, None] * stride_ch
         dst += offs[None, :]
         cache_dtype = k_cache_ptr.dtype.element_ty
-        tl.store(k_cache_ptr + dst, k1.to(cache_dtype), mask=mask)
-        tl.store(k_cache_ptr + dst + HALF, k2.to(cache_dtype), mask=mask)
-        tl.store(v_cache_ptr + dst, v1.to(cache_dtype), mask=mask)
-        tl.store(v_cache_ptr + dst + HALF, v2.to(cache_dtype), mask=mask)
+        tl.store(k_cache_ptr + dst, _to_cache(k1, k_scale, cache_dtype, FP8_KV), mask=mask)
+        tl.store(k_cache_ptr + dst + HALF, _to_cache(k2, k_scale, cache_dtype, FP8_KV), mask=mask)
+        tl.store(v_cache_ptr + dst, _to_cache(v1, v_scale, cache_dtype, FP8_KV), mask=mask)
+        tl.store(v_cache_ptr + dst + HALF, _to_cache(v2, v_scale, cache_dtype, FP8_KV), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -242,6 +269,7 @@ def _unified_attention_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     scale_log2,
+    v_scale,
     num_seqs,
     stride_qt,
     stride_qh,
@@ -309,7 +337,7 @@ def _unified_attention_kernel(
         )  # fmt: skip
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale
     tl.store(
         out_ptr + q_tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -355,12 +383,14 @@ def _head_rows(base_ptr, heads, head_stride, row_mask, offs_d, cos, sin, HEAD_SI
 
 
 @triton.jit
-def _new_token_kv(k_row_ptr, v_row_ptr, kv_rows, stride_kh, stride_vh, mask, offs_d, cos, sin,
-                  cache_dtype: tl.constexpr, HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr):  # fmt: skip
-    """This step's key (rotated when ``ROTARY``) and value of one token, as cache-dtype rows ``kv_rows``."""
+def _new_token_kv(k_row_ptr, v_row_ptr, kv_rows, stride_kh, stride_vh, mask, offs_d, cos, sin, k_scale, v_scale,
+                  cache_dtype: tl.constexpr, HEAD_SIZE: tl.constexpr, ROTARY: tl.constexpr,
+                  FP8_KV: tl.constexpr):  # fmt: skip
+    """This step's key (rotated when ``ROTARY``) and value of one token, as cache entries (``_to_cache``) in rows
+    ``kv_rows``."""
     k = _head_rows(k_row_ptr, kv_rows, stride_kh, mask, offs_d, cos, sin, HEAD_SIZE, ROTARY)
     v = _head_rows(v_row_ptr, kv_rows, stride_vh, mask, offs_d, cos, sin, HEAD_SIZE, False)
-    return k.to(cache_dtype), v.to(cache_dtype)
+    return _to_cache(k, k_scale, cache_dtype, FP8_KV), _to_cache(v, v_scale, cache_dtype, FP8_KV)
 
 
 @triton.jit
@@ -411,13 +441,13 @@ def _merge_partitions(out_ptr, stride_oh, part_out_ptr, part_lse_ptr, first_row,
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr, counters_ptr,
     block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, slot_mapping_ptr, cos_ptr, sin_ptr, pos_ptr,
-    scale_log2, num_heads, num_kv_heads, num_splits,
+    scale_log2, k_scale, v_scale, num_heads, num_kv_heads, num_splits,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_bt, trig_stride,
     QUERIES_PER_KV: tl.constexpr, QH_P2: tl.constexpr, QPK_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, TILE_N: tl.constexpr, ONE_SPLIT: tl.constexpr,
     MIN_PARTITION: tl.constexpr, SPLIT_TILE: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRELOAD: tl.constexpr, USE_PDL: tl.constexpr,
+    PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, FP8_KV: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, kv head, split): the GQA group's queries (rotated here) over the split's cached keys;
     the split that holds the new token takes its key and value from this step's input rather than the cache,
@@ -484,8 +514,8 @@ def _decode_attention_kernel(
     new_mask = h_mask & ((offs_h * 0 + holds_new_token) != 0)  # a tensor: the interpreter masks with tensors only
     if PRELOAD:  # batch 1: the new key and value in the query's round trip
         new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
-                                     stride_vh, new_mask, offs_d, cos, sin, k_cache_ptr.dtype.element_ty,
-                                     HEAD_SIZE, ROTARY)  # fmt: skip
+                                     stride_vh, new_mask, offs_d, cos, sin, k_scale, v_scale,
+                                     k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY, FP8_KV)  # fmt: skip
     q_pos = tl.full([QH_P2], 0, tl.int32) + (seq_len - 1)
 
     m_i = tl.full([QH_P2], float("-inf"), tl.float32)
@@ -513,8 +543,8 @@ def _decode_attention_kernel(
     if holds_new_token:
         if not PRELOAD:  # larger batches load them here, so that the pipelined loop does not carry them
             new_k, new_v = _new_token_kv(k_ptr + q_tok * stride_kt, v_ptr + q_tok * stride_vt, kv_rows, stride_kh,
-                                         stride_vh, new_mask, offs_d, cos, sin, k_cache_ptr.dtype.element_ty,
-                                         HEAD_SIZE, ROTARY)  # fmt: skip
+                                         stride_vh, new_mask, offs_d, cos, sin, k_scale, v_scale,
+                                         k_cache_ptr.dtype.element_ty, HEAD_SIZE, ROTARY, FP8_KV)  # fmt: skip
         acc, m_i, l_i = _attend_new_token(q, acc, m_i, l_i, new_k, new_v, scale_log2)
         if slot >= 0:  # -1: a padding row, nothing to store
             dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_ct + kv_head_off + offs_d
@@ -523,7 +553,7 @@ def _decode_attention_kernel(
             tl.store(v_cache_ptr + dst[None, :] + offs_h[:, None] * 0, new_v, mask=store_mask)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale  # partial outputs too: the merge is linear in them
     out_ptrs = out_ptr + q_tok * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     if ONE_SPLIT:  # noqa: SIM114 (compile-time, then run-time: no partials for one used split)
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -596,14 +626,24 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _is_fp8(kv_cache: torch.Tensor) -> bool:
+    return kv_cache.dtype == torch.float8_e4m3fn
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """Fused scatter of ``key``/``value`` ([num_tokens, num_kv_heads, head_size]) into ``kv_cache`` slots."""
+    """Fused scatter of ``key``/``value`` ([num_tokens, num_kv_heads, head_size]) into ``kv_cache`` slots (an FP8
+    cache gets them divided by ``k_scale`` / ``v_scale``)."""
     num_tokens, num_kv_heads, head_size = key.shape
     if num_tokens == 0:
         return
@@ -616,9 +656,9 @@ def write_kv_cache(
     _write_kv_cache_kernel[grid](
         key, value, k_cache, v_cache, slot_mapping,
         num_kv_heads, key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_scale, v_scale,
         BLOCK_SIZE=kv_cache.shape[2], HEAD_SIZE=head_size, HEAD_P2=head_p2, BLOCK_H=block_h,
-        num_warps=4 if block_h * head_p2 >= 1024 else 1,
+        FP8_KV=_is_fp8(kv_cache), num_warps=4 if block_h * head_p2 >= 1024 else 1,
     )  # fmt: skip
 
 
@@ -631,6 +671,8 @@ def rope_and_write_kv_cache(
     sin: torch.Tensor,
     kv_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Rotary embedding of ``query`` and ``key`` (in place, rotate-half layout) and the cache write of the rotated
     keys and of ``value``, in one launch: ``apply_rotary`` followed by ``write_kv_cache``."""
@@ -644,10 +686,11 @@ def rope_and_write_kv_cache(
     _rope_and_write_kv_kernel[(num_tokens,)](
         query, key, value, k_cache, v_cache, cos, sin, positions, slot_mapping,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), cos.stride(0), k_scale, v_scale,
         NUM_Q_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, Q_HEADS_P2=triton.next_power_of_2(num_heads),
         KV_HEADS_P2=triton.next_power_of_2(num_kv_heads), HALF=head_size // 2,
-        HALF_P2=triton.next_power_of_2(head_size // 2), BLOCK_SIZE=kv_cache.shape[2], num_warps=4,
+        HALF_P2=triton.next_power_of_2(head_size // 2), BLOCK_SIZE=kv_cache.shape[2], FP8_KV=_is_fp8(kv_cache),
+        num_warps=4,
     )  # fmt: skip
 
 
@@ -678,8 +721,11 @@ def unified_attention(
     tile_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV).
+    """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV; an
+    FP8 cache's entries times ``k_scale`` / ``v_scale``).
 
     ``query``/``output``: [num_tokens, num_heads, head_size] (last dim contiguous; other strides free).
     ``block_m`` (rows per program, a power of two >= 16 and >= the GQA group) and ``tile_n`` (keys per
@@ -704,7 +750,7 @@ def unified_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, output, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs,
+        scale * LOG2E * k_scale, v_scale, num_seqs,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
@@ -745,6 +791,8 @@ def decode_attention(
     min_partition: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Split-KV attention for a decode-only batch (each sequence has at most one query token), which also
     stores this step's ``key``/``value`` in ``kv_cache`` at ``metadata.slot_mapping``: one launch per layer.
@@ -788,13 +836,14 @@ def decode_attention(
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key, value, k_cache, v_cache, output, part_out, part_lse, counters,
         metadata.block_tables, metadata.seq_lens, metadata.query_start_loc, metadata.slot_mapping, cos, sin, positions,
-        scale * LOG2E, num_heads, num_kv_heads, num_splits,
+        scale * LOG2E * k_scale, k_scale, v_scale, num_heads, num_kv_heads, num_splits,
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         output.stride(0), output.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         metadata.block_tables.stride(0), cos.stride(0),
         QUERIES_PER_KV=qpk, QH_P2=max(16, qpk_p2), QPK_P2=qpk_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
         HEAD_P2=head_p2, TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, SPLIT_TILE=split_tile,
         ROTARY=rotary is not None, DOT_PRECISION=_dot_precision(query.dtype), PRELOAD=num_seqs == 1,
-        num_warps=num_warps, num_stages=num_stages, **pdl_launch_options(query.device, num_seqs),
+        FP8_KV=_is_fp8(kv_cache), num_warps=num_warps, num_stages=num_stages,
+        **pdl_launch_options(query.device, num_seqs),
     )  # fmt: skip
     return output

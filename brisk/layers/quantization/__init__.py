@@ -11,6 +11,8 @@ from brisk.layers.quantization.base_config import QuantizationConfig
 QUANTIZATION_METHODS = {
     "fp8": ("fp8", "Fp8Config"),
     "compressed-tensors": ("compressed_tensors", "CompressedTensorsConfig"),
+    "awq": ("awq", "AWQConfig"),
+    "gptq": ("gptq", "GPTQConfig"),
 }
 ONLINE_METHODS = ("fp8",)  # formats that quantize an unquantized checkpoint while loading
 

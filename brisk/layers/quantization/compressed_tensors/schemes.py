@@ -36,6 +36,10 @@ def make_linear_method(weights: dict | None, inputs: dict | None, fmt: str, pref
         from brisk.layers.quantization.compressed_tensors.wna16 import CompressedTensorsWNA16
 
         return CompressedTensorsWNA16(weights, prefix)
+    if kind == "float" and bits == 4 and fmt == "nvfp4-pack-quantized" and inputs is None:
+        from brisk.layers.quantization.compressed_tensors.nvfp4 import CompressedTensorsNVFP4A16
+
+        return CompressedTensorsNVFP4A16(weights, prefix)
     raise unsupported(
         prefix,
         f"format {fmt!r} with {kind} {bits}-bit weights and "

@@ -1,0 +1,112 @@
+"""GPTQ checkpoints (``quant_method: gptq``, as gptqmodel and AutoGPTQ save them): 4- or 8-bit weights packed
+along the input dimension (``qweight`` [in / pack, out]), zero points packed along the output dimension
+(``qzeros`` [groups, out / pack]), ``scales`` [groups, out] and ``g_idx`` [in], the group of each input (with
+``desc_act`` the groups follow the activation order, not the input order).
+
+``checkpoint_format`` "gptq" (v1, the default) stores each zero point minus one; "gptq_v2" stores it as is.
+The weight is dequantized for each matmul, ``(q - zero[g_idx]) * scale[g_idx]`` in float32 (exact); a
+dequantizing GEMM kernel is future work."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from brisk.layers.linear import set_weight_attrs
+from brisk.layers.quantization.base_config import QuantizationConfig
+
+SUPPORTED_BITS = (4, 8)
+CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> offset added to the stored zero points
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Unsigned ``bits``-wide values packed low bits first along ``dim`` of an int32 tensor."""
+    shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
+    values = (packed.movedim(dim, -1)[..., None] >> shifts) & ((1 << bits) - 1)
+    return values.flatten(-2).movedim(-1, dim).to(torch.int16)
+
+
+class GPTQConfig(QuantizationConfig):
+    name = "gptq"
+
+    def __init__(self, bits: int, group_size: int, zero_offset: int, dynamic_skips: list[str]):
+        super().__init__()
+        self.bits = bits
+        self.group_size = group_size  # -1: one group over the whole input
+        self.zero_offset = zero_offset
+        self.dynamic_skips = dynamic_skips
+
+    @classmethod
+    def from_config(cls, config: dict) -> GPTQConfig:
+        bits = config.get("bits")
+        if bits not in SUPPORTED_BITS:
+            raise ValueError(f"GPTQ checkpoint with bits={bits}: brisk loads {' or '.join(map(str, SUPPORTED_BITS))}.")
+        fmt = config.get("checkpoint_format", "gptq")
+        if fmt not in CHECKPOINT_FORMATS:
+            raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported ({', '.join(CHECKPOINT_FORMATS)}).")
+        group_size = config.get("group_size", -1)
+        if not isinstance(group_size, int) or (group_size <= 0 and group_size != -1):
+            raise ValueError(f"GPTQ checkpoint with group_size={group_size!r}: expected a positive size or -1.")
+        dynamic = config.get("dynamic") or {}
+        if any(not key.startswith("-:") for key in dynamic):
+            raise ValueError("GPTQ per-module overrides (quantization_config.dynamic) are not supported.")
+        return cls(bits, group_size, CHECKPOINT_FORMATS[fmt], [key[2:] for key in dynamic])
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> GPTQLinearMethod | None:
+        import re
+
+        if any(re.match(pattern, name) for name in self.checkpoint_names(prefix) for pattern in self.dynamic_skips):
+            return None
+        return GPTQLinearMethod(self, prefix)
+
+
+class GPTQLinearMethod:
+    def __init__(self, config: GPTQConfig, prefix: str):
+        self.config = config
+        self.prefix = prefix
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        pack = 32 // self.config.bits
+        group = in_features if self.config.group_size == -1 else self.config.group_size
+        if in_features % group:
+            raise ValueError(f"GPTQ {self.prefix}: group_size {group} does not divide the input size {in_features}.")
+        if in_features % pack or any(size % pack for size in layer.output_partition_sizes):
+            raise ValueError(
+                f"GPTQ {self.prefix}: sizes must be multiples of {pack} to pack {self.config.bits}-bit values."
+            )
+        groups = in_features // group
+        self._add(layer, "qweight", torch.empty(in_features // pack, out_features, dtype=torch.int32),
+                  input_dim=0, output_dim=1, packed_dim=0, packed_factor=pack)  # fmt: skip
+        self._add(layer, "qzeros", torch.empty(groups, out_features // pack, dtype=torch.int32),
+                  input_dim=0, output_dim=1, packed_dim=1, packed_factor=pack)  # fmt: skip
+        self._add(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
+        # One g_idx per fused part (q, k, v see the same inputs, so GPTQ gives them the same order: checked).
+        shards = len(layer.output_partition_sizes)
+        self._add(layer, "g_idx", torch.empty(shards, in_features, dtype=torch.int32), per_shard=True)
+
+    @staticmethod
+    def _add(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> None:
+        layer.register_parameter(name, set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Unpacked once: ``[out, in]`` integers, and per input its group's zero point and scale gathered by
+        ``g_idx`` (so activation order costs nothing at run time)."""
+        bits, g_idx = self.config.bits, layer.g_idx.data.long()
+        if not bool((g_idx == g_idx[:1]).all()):
+            raise ValueError(f"GPTQ {self.prefix}: the fused parts' g_idx differ; brisk needs one input order.")
+        g_idx, groups = g_idx[0], layer.scales.shape[0]
+        if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
+            raise ValueError(f"GPTQ {self.prefix}: g_idx names groups outside 0..{groups - 1}.")
+        weight_q = unpack_int32(layer.qweight.data, bits, dim=0).t().contiguous()  # [out, in]
+        zeros = unpack_int32(layer.qzeros.data, bits, dim=1) + self.config.zero_offset  # [groups, out]
+        layer.weight_q = nn.Parameter(weight_q, requires_grad=False)
+        layer.weight_zero = nn.Parameter(zeros[g_idx].t().contiguous(), requires_grad=False)  # [out, in]
+        layer.weight_scale = nn.Parameter(layer.scales.data.float()[g_idx].t().contiguous(), requires_grad=False)
+        del layer.qweight, layer.qzeros, layer.scales, layer.g_idx
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        return (layer.weight_q - layer.weight_zero).float() * layer.weight_scale
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

@@ -1,0 +1,140 @@
+"""AWQ checkpoints (AutoAWQ's GEMM layout). AutoAWQ no longer installs beside the transformers brisk tests
+against, so the test writes the layout itself (round-to-nearest 4-bit groups, AWQ's interleaved packing,
+float16 scales) and takes its reference from compressed-tensors' ``AutoAWQConverter``, the library's reading of
+that layout: brisk's weights equal the converted checkpoint's dequantization, and its greedy tokens equal the
+library's reference model on it."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from brisk import LLM, SamplingParams
+from tests.quantization.ct_checkpoints import library_reference_model
+
+GROUP = 32
+AWQ_NIBBLE_OF_COLUMN = (0, 4, 1, 5, 2, 6, 3, 7)  # AutoAWQ's pack order: column c goes to nibble [c]
+PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
+
+
+def _pack(values: torch.Tensor) -> torch.Tensor:
+    """Unsigned 4-bit ``[rows, cols]`` to AutoAWQ's int32 ``[rows, cols / 8]``."""
+    cols = values.to(torch.int64).unflatten(-1, (-1, 8))
+    word = sum(cols[..., c] << (4 * AWQ_NIBBLE_OF_COLUMN[c]) for c in range(8))
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32).contiguous()
+
+
+def _quantize(weight: torch.Tensor, zero_point: bool) -> dict[str, torch.Tensor]:
+    """One linear layer's qweight / qzeros / scales (AutoAWQ's shapes: input-major)."""
+    groups = weight.t().unflatten(0, (-1, GROUP))  # [in / GROUP, GROUP, out]
+    if zero_point:
+        lo, hi = groups.amin(1).clamp(max=0), groups.amax(1).clamp(min=0)
+        scales = ((hi - lo) / 15).clamp(min=1e-5).half().contiguous()
+        zeros = torch.round(-lo / scales.float()).clamp(0, 15)
+    else:
+        scales = (groups.abs().amax(1) / 7).clamp(min=1e-5).half().contiguous()
+        zeros = torch.full_like(scales, 8, dtype=torch.float32)
+    q = torch.round(groups / scales.float()[:, None] + zeros[:, None]).clamp(0, 15).flatten(0, 1)
+    tensors = {"qweight": _pack(q), "scales": scales}
+    if zero_point:
+        tensors["qzeros"] = _pack(zeros)
+    return tensors
+
+
+def make_awq_checkpoint(base: str, out: Path, zero_point: bool) -> str:
+    shutil.copytree(base, out)
+    state = load_file(out / "model.safetensors")
+    for name in [n for n in state if n.endswith("_proj.weight")]:
+        module = name.removesuffix(".weight")
+        for suffix, tensor in _quantize(state.pop(name), zero_point).items():
+            state[f"{module}.{suffix}"] = tensor
+    save_file(state, out / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "awq",
+        "bits": 4,
+        "group_size": GROUP,
+        "zero_point": zero_point,
+        "version": "gemm",
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+def converted(awq_folder: str, out: Path) -> str:
+    """The AWQ checkpoint converted by compressed-tensors' AutoAWQConverter into a compressed-tensors one."""
+    from compressed_tensors.entrypoints.convert.converters.autoawq import AutoAWQConverter
+
+    converter = AutoAWQConverter.from_pretrained(awq_folder)
+    shutil.copytree(awq_folder, out)
+    save_file(converter.process(load_file(out / "model.safetensors")), out / "model.safetensors")
+    config = json.loads((out / "config.json").read_text())
+    quant = converter.update_config(None)
+    config["quantization_config"] = {**quant.model_dump(mode="json"), "quant_method": "compressed-tensors"}
+    (out / "config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["zero-point", "symmetric"])
+def awq_pair(request, tiny_llama, tmp_path_factory):
+    folder = make_awq_checkpoint(tiny_llama, tmp_path_factory.mktemp("awq") / "m", request.param)
+    return folder, converted(folder, tmp_path_factory.mktemp("awq-ct") / "m")
+
+
+def test_weights_equal_the_library_dequantization(awq_pair):
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    awq, ct = awq_pair
+    config = json.loads((Path(ct) / "config.json").read_text())["quantization_config"]
+    args = QuantizationArgs.model_validate(next(iter(config["config_groups"].values()))["weights"])
+    state = load_file(Path(ct) / "model.safetensors")
+
+    def library(name: str) -> torch.Tensor:
+        shape = state[f"{name}.weight_shape"].tolist()
+        q = unpack_from_int32(state[f"{name}.weight_packed"], 4, shape)
+        scale = state[f"{name}.weight_scale"].float()
+        zero = state.get(f"{name}.weight_zero_point")
+        if zero is not None:
+            zero = unpack_from_int32(zero, 4, [shape[0], scale.shape[1]], packed_dim=0)
+        return dequantize(q, scale, zero, args=args, dtype=torch.float32)
+
+    layers = LLM(awq, device="cpu", kv_cache_memory_bytes=1 << 22).engine.model_runner.model.model.layers
+    for i, layer in enumerate(layers):
+        parts = {
+            layer.self_attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            layer.self_attn.o_proj: ["self_attn.o_proj"],
+            layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+            layer.mlp.down_proj: ["mlp.down_proj"],
+        }
+        for linear, names in parts.items():
+            expected = torch.cat([library(f"model.layers.{i}.{n}") for n in names])
+            assert torch.equal(linear.quant_method.dequantized_weight(linear), expected)
+
+
+def test_greedy_matches_library_reference(awq_pair, tiny_llama):
+    awq, ct = awq_pair
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(awq)
+    model = library_reference_model(tiny_llama, ct)  # computes in the float16 scales' precision
+    expected = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected.append(model.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1] :].tolist())
+    llm = LLM(awq, device="cpu", kv_cache_memory_bytes=1 << 22)
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_unsupported_awq_versions(tiny_llama, tmp_path):
+    folder = make_awq_checkpoint(tiny_llama, tmp_path / "m", True)
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config["quantization_config"]["version"] = "gemv"
+    (Path(folder) / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="AWQ checkpoint with version 'gemv': brisk loads AutoAWQ's GEMM layout"):
+        LLM(folder, device="cpu")

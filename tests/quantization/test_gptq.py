@@ -1,0 +1,63 @@
+"""GPTQ checkpoints (gptqmodel's layout, see ``gptq_checkpoints.py``): 4 and 8 bits, group sizes, activation
+order both ways, symmetric both ways, v1 and v2 zero points; brisk's weights equal the dequantized weights
+the checkpoint was made from, and its logits and greedy tokens equal transformers run on those weights."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from brisk import LLM, SamplingParams
+from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
+
+PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
+CASES = {  # (bits, group_size, desc_act, sym, checkpoint_format)
+    "4bit-g32-sym": (4, 32, False, True, "gptq"),
+    "4bit-g64-actorder-asym": (4, 64, True, False, "gptq"),
+    "8bit-g32-actorder-sym": (8, 32, True, True, "gptq"),
+    "4bit-channel-asym-v2": (4, -1, False, False, "gptq_v2"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_the_dequantized_model(tiny_llama, tmp_path, case):
+    folder, dequantized = make_gptq_checkpoint(tiny_llama, tmp_path / "m", *CASES[case])
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    layers = llm.engine.model_runner.model.model.layers
+    for i, layer in enumerate(layers):
+        parts = {
+            layer.self_attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+            layer.self_attn.o_proj: ["self_attn.o_proj"],
+            layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+            layer.mlp.down_proj: ["mlp.down_proj"],
+        }
+        for linear, names in parts.items():
+            expected = torch.cat([dequantized[f"model.layers.{i}.{n}"] for n in names])
+            assert torch.equal(linear.quant_method.dequantized_weight(linear), expected)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    state = model.state_dict()
+    for name, weight in dequantized.items():
+        state[f"{name}.weight"].copy_(weight)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    expected = []
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected.append(model.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1] :].tolist())
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_fused_parts_with_different_orders(tiny_llama, tmp_path):
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = make_gptq_checkpoint(tiny_llama, tmp_path / "m", 4, 32, True, True)
+    state = load_file(Path(folder) / "model.safetensors")
+    name = "model.layers.0.self_attn.k_proj.g_idx"
+    state[name] = state[name].flip(0).contiguous()
+    save_file(state, Path(folder) / "model.safetensors")
+    assert json.loads((Path(folder) / "config.json").read_text())["quantization_config"]["desc_act"]
+    with pytest.raises(ValueError, match="GPTQ model.layers.0.self_attn.qkv_proj: the fused parts' g_idx differ"):
+        LLM(folder, device="cpu")
