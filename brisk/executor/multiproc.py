@@ -17,7 +17,8 @@ import socket
 import time
 import weakref
 from collections import deque
-from multiprocessing import get_context
+from collections.abc import Iterator
+from multiprocessing import current_process, get_context
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
@@ -38,6 +39,8 @@ DEFAULT_TIMEOUT_S = 300.0  # a step, a command or start-up (loading weights) per
 class WorkerFailedError(RuntimeError):
     """A worker process died, failed or stopped answering; the executor cannot continue."""
 
+    fatal = True  # the engine cannot take another step: a server stops its engine loop
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -57,6 +60,20 @@ def _stop_workers(processes: list[BaseProcess], conns: list[Connection]) -> None
             process.join(1)
     for conn in conns:
         conn.close()
+
+
+@contextlib.contextmanager
+def _allow_children() -> Iterator[None]:
+    """Let a daemonic process (the server's engine process) start the workers. multiprocessing refuses children
+    of daemons because a daemon is killed without cleaning up after them; these children clean up after
+    themselves: the executor's finalizer stops them, and each exits when its driver process is gone."""
+    current = current_process()
+    daemon = current.daemon
+    current.daemon = False
+    try:
+        yield
+    finally:
+        current.daemon = daemon
 
 
 class RemoteStep:
@@ -87,6 +104,9 @@ class MultiprocExecutor:
         # CPU workers fork (they inherit the imported modules: seconds less per rank); CUDA cannot be forked.
         context = get_context("spawn" if device.type == "cuda" else "fork")
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+        # Steps each rank has taken from its pipe (shared memory, read only on a timeout to name the rank that hangs).
+        self._steps_taken = context.Array("q", self.world_size, lock=False)
+        self._steps_sent = 0
         self._conns: list[Connection] = []
         self._processes: list[BaseProcess] = []
         for rank in range(self.world_size):
@@ -102,12 +122,14 @@ class MultiprocExecutor:
                     model_config,
                     runner_args,
                     child,
+                    self._steps_taken,
                     self.timeout_s,
                 ),
                 name=f"brisk-worker-{rank}",
                 daemon=True,
             )
-            process.start()
+            with _allow_children():
+                process.start()
             child.close()
             self._conns.append(parent)
             self._processes.append(process)
@@ -135,6 +157,7 @@ class MultiprocExecutor:
 
     def execute(self, schedule: SchedulerOutput, timer: StepTimer) -> RemoteStep:
         self._send("step", self._encoder.encode(schedule))
+        self._steps_sent += 1
         timer.mark("prepare")
         return RemoteStep(self, schedule)
 
@@ -166,7 +189,7 @@ class MultiprocExecutor:
         while not self._inbox[rank]:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._fail(f"worker rank {rank} sent no result for {what} within {self.timeout_s:.0f} s (hung?)")
+                self._fail(self._timeout_message(rank, what))
             ready = wait([*self._conns, *sentinels], timeout=remaining)
             for r, conn in enumerate(self._conns):  # errors first: a failing rank is named even if others answer
                 if conn not in ready:
@@ -189,6 +212,13 @@ class MultiprocExecutor:
         if got != kind:
             self._fail(f"worker rank {rank} sent an unexpected {got!r} message during {what}")
         return value
+
+    def _timeout_message(self, rank: int, what: str) -> str:
+        late = [r for r in range(self.world_size) if self._steps_taken[r] < self._steps_sent]
+        if what == "a step" and late:
+            ranks = ", ".join(map(str, late))
+            return f"worker rank {ranks} did not take step {self._steps_sent} within {self.timeout_s:.0f} s (hung?)"
+        return f"worker rank {rank} sent no result for {what} within {self.timeout_s:.0f} s (hung?)"
 
     def _exit_status(self, rank: int) -> str:
         process = self._processes[rank]

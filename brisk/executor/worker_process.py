@@ -38,6 +38,7 @@ def worker_main(
     model_config: ModelConfig,
     runner_args: dict,
     conn: Connection,
+    steps_taken,
     timeout_s: float,
 ) -> None:
     try:
@@ -61,7 +62,7 @@ def worker_main(
         return
     conn.send(("ok", None))
     try:
-        _serve(runner, conn, rank, device, driver_pid)
+        _serve(runner, conn, rank, device, driver_pid, steps_taken)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the driver is gone
     finally:
@@ -77,7 +78,10 @@ def _wait_for_command(conn: Connection, driver_pid: int) -> None:
             raise EOFError("the driver process is gone")
 
 
-def _serve(runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int) -> None:
+def _serve(
+    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int, steps_taken
+) -> None:
+    """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs)."""
     mirror = RequestMirror()
     timer = StepTimer(device, enabled=False)
     pending: LaunchedStep | None = None  # rank 0: a launched step whose tokens are not sent yet
@@ -91,6 +95,7 @@ def _serve(runner: ModelRunner, conn: Connection, rank: int, device: torch.devic
             if kind == "shutdown":
                 return
             if kind == "step":
+                steps_taken[rank] += 1
                 launched = runner.execute(mirror.apply(payload), timer)
                 if pending is not None:
                     conn.send(("step", pending.result()))
