@@ -206,10 +206,16 @@ class LLMEngine:
                 f"Raise {knob}, or lower max_model_len to at most {num_blocks * args.block_size}."
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.2f GiB)",
+            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB) per rank; weights %.2f GiB per rank (%d ranks); "
+            "max concurrency %.1f sequences of max_model_len=%d",
             num_blocks,
             args.block_size,
+            num_blocks * args.block_size,
             num_blocks * per_block / 2**30,
+            self.model_runner.weight_bytes() / 2**30,
+            args.world_size,
+            num_blocks * args.block_size / self.max_model_len,
+            self.max_model_len,
         )
         return num_blocks
 

@@ -152,6 +152,10 @@ class MultiprocExecutor:
     def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
         self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, enforce_eager)
 
+    def weight_bytes(self) -> int:
+        """The largest rank's parameter bytes."""
+        return max(self._call("weight_bytes"))
+
     def reseed_sampler(self, seed: int) -> None:
         self._call("reseed_sampler", seed)
 

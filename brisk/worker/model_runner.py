@@ -99,6 +99,10 @@ class ModelRunner:
         self._last_sampled: torch.Tensor | None = None
         self._last_sample_rows: dict[str, int] = {}
 
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's model parameters (a tied weight once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     def reseed_sampler(self, seed: int) -> None:
         self.sampler.reseed(seed)
 

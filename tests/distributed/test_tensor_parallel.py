@@ -4,6 +4,8 @@ chunked prefill, prefix caching, preemption, async scheduling and ``n > 1`` in t
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from brisk import LLM, SamplingParams
@@ -49,11 +51,16 @@ def _run(llm: LLM) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize(("arch", "kv_heads"), MODELS)
-def test_tp2_matches_one_rank(tmp_path, arch, kv_heads):
+def test_tp2_matches_one_rank(tmp_path, caplog, arch, kv_heads):
     model = str(make_tiny_model(tmp_path / arch, arch, num_kv_heads=kv_heads))
-    expected = _run(_engine(model, 1))
-    llm = _engine(model, 2)
+    one_rank = _engine(model, 1)
+    expected = _run(one_rank)
+    with caplog.at_level(logging.INFO, logger="brisk.engine.engine"):
+        llm = _engine(model, 2)
     try:
+        # the start-up arithmetic: each rank holds about half the weights and plans its own KV cache
+        assert f"= {NUM_KV_BLOCKS * BLOCK_SIZE} tokens" in caplog.text and "per rank (2 ranks)" in caplog.text
+        assert llm.engine.model_runner.weight_bytes() < 0.6 * one_rank.engine.model_runner.weight_bytes()
         assert _run(llm) == expected
         stats = llm.engine.get_stats()
         assert llm.engine.scheduler.num_preemptions > 0
