@@ -102,6 +102,11 @@ class EngineArgs:
             f"{self.distributed_executor_backend!r}.",
         )
         require(
+            self.pipeline_parallel_size == 1 or not self.async_scheduling,
+            "async_scheduling needs each step's sampled tokens on the first pipeline stage; with "
+            "pipeline_parallel_size > 1 leave it off.",
+        )
+        require(
             self.distributed_executor_backend != "uni" or self.world_size == 1,
             f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
             f"pipeline_parallel_size = {self.world_size} ranks need 'mp'.",

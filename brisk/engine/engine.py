@@ -103,7 +103,9 @@ class LLMEngine:
         self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (
-            args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
+            args.async_scheduling
+            if args.async_scheduling is not None
+            else self.device.type == "cuda" and args.pipeline_parallel_size == 1
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
         self.step_timer = StepTimer(self.device)

@@ -24,4 +24,4 @@ def create_executor(args: EngineArgs, model_config: ModelConfig, device: torch.d
         return ModelRunner(model_config, device, **runner_args)
     from brisk.executor.multiproc import MultiprocExecutor
 
-    return MultiprocExecutor(model_config, device, args.tensor_parallel_size, runner_args)
+    return MultiprocExecutor(model_config, device, args.tensor_parallel_size, args.pipeline_parallel_size, runner_args)

@@ -3,9 +3,9 @@
 it drives an in-process ``ModelRunner``.
 
 Commands go down one pipe per worker, pickled once. A step sends the scheduler's batch as a ``StepMessage`` (the
-changes since the last one) and reads the sampled tokens back from rank 0 only. Every wait also watches each
-worker's process: a worker that dies, reports an error, or sends nothing within ``timeout_s`` stops the executor
-with an error naming the rank, and the other workers are stopped."""
+changes since the last one) and reads the sampled tokens back from one rank (the last pipeline stage's first).
+Every wait also watches each worker's process: a worker that dies, reports an error, or sends nothing within
+``timeout_s`` stops the executor with an error naming the rank, and the other workers are stopped."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def _allow_children() -> Iterator[None]:
 
 
 class RemoteStep:
-    """A step sent to the workers; ``result()`` waits for its sampled tokens from rank 0."""
+    """A step sent to the workers; ``result()`` waits for its sampled tokens."""
 
     def __init__(self, executor: MultiprocExecutor, schedule: SchedulerOutput):
         self.schedule = schedule
@@ -93,10 +93,13 @@ class MultiprocExecutor:
         model_config: ModelConfig,
         device: torch.device,
         tensor_parallel_size: int,
+        pipeline_parallel_size: int,
         runner_args: dict,
         timeout_s: float | None = None,
     ):
-        self.world_size = tensor_parallel_size
+        self.world_size = tensor_parallel_size * pipeline_parallel_size
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self._result_rank = (pipeline_parallel_size - 1) * tensor_parallel_size  # the last stage's first rank
         self.timeout_s = timeout_s or float(os.environ.get("BRISK_WORKER_TIMEOUT_S", DEFAULT_TIMEOUT_S))
         self.failure: str | None = None
         self._encoder = StepEncoder()
@@ -116,7 +119,8 @@ class MultiprocExecutor:
                 args=(
                     os.getpid(),
                     rank,
-                    self.world_size,
+                    tensor_parallel_size,
+                    pipeline_parallel_size,
                     init_method,
                     device.type,
                     model_config,
@@ -136,11 +140,17 @@ class MultiprocExecutor:
         self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns)
         for rank in range(self.world_size):
             self._receive(rank, "ok", "start-up")
-        logger.info("%d worker processes ready (tensor_parallel_size=%d)", self.world_size, tensor_parallel_size)
+        logger.info(
+            "%d worker processes ready (tensor_parallel_size=%d, pipeline_parallel_size=%d)",
+            self.world_size,
+            tensor_parallel_size,
+            pipeline_parallel_size,
+        )
 
     # ---- the model runner's interface -------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
-        return self._call("kv_cache_bytes_per_block")[0]
+        """The largest rank's (pipeline stages may own different numbers of layers)."""
+        return max(self._call("kv_cache_bytes_per_block"))
 
     def profile_available_kv_bytes(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
         """Each rank measures its own device; all ranks then plan for the smallest."""
@@ -150,7 +160,9 @@ class MultiprocExecutor:
         self._call("allocate_kv_cache", num_blocks)
 
     def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
-        self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, enforce_eager)
+        # CUDA graphs would capture a stage's send/recv: pipeline stages run eagerly.
+        eager = enforce_eager or self.pipeline_parallel_size > 1
+        self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, eager)
 
     def weight_bytes(self) -> int:
         """The largest rank's parameter bytes."""
@@ -184,7 +196,7 @@ class MultiprocExecutor:
 
     def _receive_step_result(self) -> ModelRunnerOutput:
         self._check_alive()
-        return self._receive(0, "step", "a step")
+        return self._receive(self._result_rank, "step", "a step")
 
     def _receive(self, rank: int, kind: str, what: str):
         """Wait for rank ``rank``'s next message (of ``kind``), watching every worker for errors and exits."""

@@ -8,7 +8,7 @@ tokens and block ids added since the last message, and the ids of requests that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from brisk.engine.request import Request
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -100,7 +100,10 @@ class StepEncoder:
 class RequestMirror:
     """Worker side: the live requests as the driver last described them, and the ``SchedulerOutput`` of a step."""
 
-    def __init__(self) -> None:
+    def __init__(self, samples: bool = True) -> None:
+        """``samples=False`` (a pipeline stage before the last): rows never sample and no prompt logprobs are
+        computed, since this stage has no LM head."""
+        self.samples = samples
         self._requests: dict[str, Request] = {}
         self._block_tables: dict[str, list[int]] = {}
 
@@ -112,8 +115,9 @@ class RequestMirror:
             self._requests.pop(rid, None)
             self._block_tables.pop(rid, None)
         for new in message.new_requests:
+            params = new.sampling_params if self.samples else replace(new.sampling_params, prompt_logprobs=None)
             self._requests[new.request_id] = Request(
-                new.request_id, new.prompt_token_ids, new.sampling_params, new.eos_token_ids, arrival_time=0.0
+                new.request_id, new.prompt_token_ids, params, new.eos_token_ids, arrival_time=0.0
             )
             self._block_tables[new.request_id] = []
         scheduled: list[ScheduledRequest] = []
@@ -130,6 +134,6 @@ class RequestMirror:
                 table.clear()
             table.extend(row.new_block_ids)
             block_tables[row.request_id] = table
-            scheduled.append(ScheduledRequest(request, row.num_new_tokens, row.start, row.sample))
+            scheduled.append(ScheduledRequest(request, row.num_new_tokens, row.start, row.sample and self.samples))
         total = sum(row.num_new_tokens for row in message.rows)
         return SchedulerOutput(scheduled, block_tables, total)

@@ -1,10 +1,11 @@
-"""The main function of one worker process of a multi-process engine: join the process group, load this
+"""The main function of one worker process of a multi-process engine: join the process groups, load this
 rank's shard of the model, then serve the driver's commands (method calls and steps) over a pipe.
 
-Every rank runs every step (tensor-parallel layers meet in collectives), samples from the same gathered logits
-with the same seeds, and so holds the same sampled ids for the next step's inputs; only rank 0 sends results.
-After a step rank 0 reads the next command before waiting for that step's tokens, when one is already queued,
-so the driver's next step is launched while this one finishes (async scheduling)."""
+Every rank runs every step (tensor-parallel layers meet in collectives; pipeline stages pass activations on).
+The last stage's ranks sample from the same gathered logits with the same seeds, and so hold the same sampled ids
+for the next step's inputs; only its rank 0 sends results. After a step that rank reads the next command before
+waiting for that step's tokens, when one is already queued, so the driver's next step is launched while this one
+finishes (async scheduling)."""
 
 from __future__ import annotations
 
@@ -18,21 +19,50 @@ from multiprocessing.connection import Connection
 import torch
 
 from brisk.config import ModelConfig
-from brisk.distributed.parallel_state import init_tensor_parallel
+from brisk.distributed.parallel_state import (
+    get_pp_rank,
+    get_tp_rank,
+    init_pipeline_parallel,
+    init_tensor_parallel,
+    is_last_stage,
+    stage_layers,
+)
 from brisk.engine.step_timer import StepTimer
 from brisk.executor.step_sync import RequestMirror
 from brisk.worker.model_runner import LaunchedStep, ModelRunner
 
 
-def rank_model_config(model_config: ModelConfig, tp_size: int) -> ModelConfig:
-    """The model as one rank sees it: its share of the KV heads (at least one: fewer heads are replicated)."""
-    return dataclasses.replace(model_config, num_kv_heads=max(1, model_config.num_kv_heads // tp_size))
+def rank_model_config(model_config: ModelConfig, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> ModelConfig:
+    """The model as one rank sees it: its share of the KV heads (at least one: fewer heads are replicated) and its
+    stage's layers (their KV cache is all it holds)."""
+    return dataclasses.replace(
+        model_config,
+        num_kv_heads=max(1, model_config.num_kv_heads // tp_size),
+        num_layers=len(stage_layers(model_config.num_layers, pp_rank, pp_size)),
+    )
+
+
+def _init_groups(rank: int, tp_size: int, pp_size: int) -> None:
+    """Rank ``pp_rank * tp_size + tp_rank``: one tensor-parallel group per stage, and the same tensor-parallel index
+    of the stages before and after it for the activations. Every rank creates every group (torch's rule)."""
+    pp_rank, tp_rank = divmod(rank, tp_size)
+    group = None
+    if pp_size > 1:
+        for stage in range(pp_size):
+            created = torch.distributed.new_group(list(range(stage * tp_size, (stage + 1) * tp_size)))
+            if stage == pp_rank:
+                group = created
+    init_tensor_parallel(tp_rank, tp_size, group)
+    prev_rank = rank - tp_size if pp_rank > 0 else None
+    next_rank = rank + tp_size if pp_rank < pp_size - 1 else None
+    init_pipeline_parallel(pp_rank, pp_size, prev_rank, next_rank)
 
 
 def worker_main(
     driver_pid: int,
     rank: int,
-    world_size: int,
+    tp_size: int,
+    pp_size: int,
     init_method: str,
     device_type: str,
     model_config: ModelConfig,
@@ -47,16 +77,17 @@ def worker_main(
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp_size * pp_size)))
         torch.distributed.init_process_group(
             "nccl" if device_type == "cuda" else "gloo",
             init_method=init_method,
             rank=rank,
-            world_size=world_size,
+            world_size=tp_size * pp_size,
             timeout=timedelta(seconds=timeout_s),
         )
-        init_tensor_parallel(rank, world_size)
-        runner = ModelRunner(rank_model_config(model_config, world_size), device, **runner_args)
+        _init_groups(rank, tp_size, pp_size)
+        config = rank_model_config(model_config, tp_size, get_pp_rank(), pp_size)
+        runner = ModelRunner(config, device, **runner_args)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -81,8 +112,10 @@ def _wait_for_command(conn: Connection, driver_pid: int) -> None:
 def _serve(
     runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int, steps_taken
 ) -> None:
-    """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs)."""
-    mirror = RequestMirror()
+    """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs).
+    Rank 0 of the last stage reports each step's sampled tokens."""
+    reports = is_last_stage() and get_tp_rank() == 0
+    mirror = RequestMirror(samples=is_last_stage())
     timer = StepTimer(device, enabled=False)
     pending: LaunchedStep | None = None  # rank 0: a launched step whose tokens are not sent yet
     while True:
@@ -99,7 +132,7 @@ def _serve(
                 launched = runner.execute(mirror.apply(payload), timer)
                 if pending is not None:
                     conn.send(("step", pending.result()))
-                pending = launched if rank == 0 else None
+                pending = launched if reports else None
             else:  # "call": (method name, args)
                 method, args = payload
                 conn.send(("ok", getattr(runner, method)(*args)))

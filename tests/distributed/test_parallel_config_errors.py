@@ -17,7 +17,7 @@ from brisk.entrypoints.cli.main import main
     [
         ({"tensor_parallel_size": 3}, "num_attention_heads=4 is not divisible by tensor_parallel_size=3"),
         ({"pipeline_parallel_size": 3}, "pipeline_parallel_size=3 is larger than the model's 2 layers"),
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size > 1 is not implemented"),
+        ({"pipeline_parallel_size": 2, "async_scheduling": True}, "async_scheduling needs each step's sampled"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
         ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer"),
         ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}, "need 'mp'"),

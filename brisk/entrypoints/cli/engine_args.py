@@ -109,7 +109,7 @@ def add_parallel_arguments(group) -> None:
         "-pp",
         type=positive_int,
         default=None,
-        help="Pipeline-parallel stages (default: 1; more is not implemented yet).",
+        help="Pipeline stages, each owning contiguous layers (default: 1).",
     )
     group.add_argument(
         "--distributed-executor-backend",
