@@ -45,6 +45,11 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: "uni" for one rank, "mp" for more
+    # Several machines, torchrun's names: node 0 runs the engine and its share of the ranks, the others only ranks.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port on one node; 29500 (torchrun's) on several
 
     @property
     def world_size(self) -> int:
@@ -106,6 +111,19 @@ class EngineArgs:
             "async_scheduling needs each step's sampled tokens on the first pipeline stage; with "
             "pipeline_parallel_size > 1 leave it off.",
         )
+        require(self.nnodes >= 1, f"nnodes must be >= 1, got {self.nnodes}.")
+        require(
+            0 <= self.node_rank < self.nnodes, f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}."
+        )
+        require(
+            self.world_size % self.nnodes == 0,
+            f"tensor_parallel_size x pipeline_parallel_size = {self.world_size} ranks do not split evenly over "
+            f"nnodes={self.nnodes}.",
+        )
+        require(
+            self.master_port is None or 0 < self.master_port < 65535,
+            f"master_port must be in [1, 65534] (the next port carries the engine's commands), got {self.master_port}.",
+        )
         require(
             self.distributed_executor_backend != "uni" or self.world_size == 1,
             f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
@@ -128,7 +146,14 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "tokenizer": ((str, Path), "a path or a name"),
     **{
         name: ((str,), "a string")
-        for name in ("dtype", "device", "load_format", "attention_backend", "distributed_executor_backend")
+        for name in (
+            "dtype",
+            "device",
+            "load_format",
+            "attention_backend",
+            "distributed_executor_backend",
+            "master_addr",
+        )
     },
     **{
         name: ((int,), "an integer")
@@ -140,6 +165,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
             "seed",
             "tensor_parallel_size",
             "pipeline_parallel_size",
+            "nnodes",
+            "node_rank",
+            "master_port",
         )
     },
     "kv_cache_memory_bytes": ((int,), "an integer"),

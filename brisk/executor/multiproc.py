@@ -10,6 +10,7 @@ Every wait also watches each worker's process: a worker that dies, reports an er
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -27,8 +28,9 @@ import torch
 from brisk.config import ModelConfig
 from brisk.engine.scheduler import SchedulerOutput
 from brisk.engine.step_timer import StepTimer
+from brisk.executor.nodes import DEFAULT_MASTER_PORT, accept_remote_workers, local_ranks
 from brisk.executor.step_sync import StepEncoder
-from brisk.executor.worker_process import worker_main
+from brisk.executor.worker_process import WorkerSpec, worker_main
 from brisk.worker.model_runner import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,38 @@ def _allow_children() -> Iterator[None]:
         current.daemon = daemon
 
 
+def start_workers(spec: WorkerSpec, ranks: range, with_pipes: bool):
+    """Start one process per rank of ``ranks`` (this machine's). With pipes (node 0) returns the processes, the
+    engine's ends of their pipes and their shared step counters; without (another node) they connect to the
+    engine themselves, and only the processes are returned (with empty lists)."""
+    # CPU workers fork (they inherit the imported modules: seconds less per rank); CUDA cannot be forked.
+    context = get_context("spawn" if spec.device_type == "cuda" else "fork")
+    steps_taken = context.Array("q", len(ranks), lock=False) if with_pipes else None
+    processes: list[BaseProcess] = []
+    conns: list[Connection] = []
+    for local_rank, rank in enumerate(ranks):
+        child = None
+        if with_pipes:
+            parent, child = context.Pipe()
+            conns.append(parent)
+        process = context.Process(
+            target=worker_main,
+            args=(dataclasses.replace(spec, rank=rank, local_rank=local_rank), child, steps_taken),
+            name=f"brisk-worker-{rank}",
+            daemon=True,
+        )
+        with _allow_children():
+            process.start()
+        if child is not None:
+            child.close()
+        processes.append(process)
+    return processes, conns, steps_taken
+
+
+def worker_timeout_s() -> float:
+    return float(os.environ.get("BRISK_WORKER_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+
+
 class RemoteStep:
     """A step sent to the workers; ``result()`` waits for its sampled tokens."""
 
@@ -95,49 +129,45 @@ class MultiprocExecutor:
         tensor_parallel_size: int,
         pipeline_parallel_size: int,
         runner_args: dict,
+        nnodes: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
         timeout_s: float | None = None,
     ):
+        """Starts this machine's ranks (all of them, or node 0's share of ``nnodes``) and waits for the others."""
         self.world_size = tensor_parallel_size * pipeline_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size
         self._result_rank = (pipeline_parallel_size - 1) * tensor_parallel_size  # the last stage's first rank
-        self.timeout_s = timeout_s or float(os.environ.get("BRISK_WORKER_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        self.timeout_s = timeout_s or worker_timeout_s()
         self.failure: str | None = None
         self._encoder = StepEncoder()
         self._inbox: list[deque] = [deque() for _ in range(self.world_size)]  # messages read ahead, per rank
-        # CPU workers fork (they inherit the imported modules: seconds less per rank); CUDA cannot be forked.
-        context = get_context("spawn" if device.type == "cuda" else "fork")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        if master_port is None:
+            master_port = _free_port() if nnodes == 1 else DEFAULT_MASTER_PORT
+        spec = WorkerSpec(
+            driver_pid=os.getpid(),
+            rank=0,
+            local_rank=0,
+            tp_size=tensor_parallel_size,
+            pp_size=pipeline_parallel_size,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            device_type=device.type,
+            model_config=model_config,
+            runner_args=runner_args,
+            timeout_s=self.timeout_s,
+        )
+        local = local_ranks(self.world_size, nnodes, 0)
         # Steps each rank has taken from its pipe (shared memory, read only on a timeout to name the rank that hangs).
-        self._steps_taken = context.Array("q", self.world_size, lock=False)
         self._steps_sent = 0
-        self._conns: list[Connection] = []
-        self._processes: list[BaseProcess] = []
-        for rank in range(self.world_size):
-            parent, child = context.Pipe()
-            process = context.Process(
-                target=worker_main,
-                args=(
-                    os.getpid(),
-                    rank,
-                    tensor_parallel_size,
-                    pipeline_parallel_size,
-                    init_method,
-                    device.type,
-                    model_config,
-                    runner_args,
-                    child,
-                    self._steps_taken,
-                    self.timeout_s,
-                ),
-                name=f"brisk-worker-{rank}",
-                daemon=True,
-            )
-            with _allow_children():
-                process.start()
-            child.close()
-            self._conns.append(parent)
-            self._processes.append(process)
+        self._processes, self._conns, self._steps_taken = start_workers(spec, local, with_pipes=True)
         self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns)
+        if nnodes > 1:
+            others = [rank for rank in range(self.world_size) if rank not in local]
+            try:
+                remote = accept_remote_workers(master_addr, master_port + 1, others, self.timeout_s)
+            except TimeoutError as exc:
+                self._fail(str(exc))
+            self._conns.extend(remote[rank] for rank in others)
         for rank in range(self.world_size):
             self._receive(rank, "ok", "start-up")
         logger.info(
@@ -213,6 +243,8 @@ class MultiprocExecutor:
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):
+                    if r >= len(self._processes):  # another node's rank: its connection is all there is
+                        self._fail(f"worker rank {r} (on another node) disconnected during {what}")
                     continue  # the process is exiting: its sentinel names it
                 if message[0] == "error":
                     dead = [d for d, process in enumerate(self._processes) if process.exitcode is not None]
@@ -230,13 +262,15 @@ class MultiprocExecutor:
         return value
 
     def _timeout_message(self, rank: int, what: str) -> str:
-        late = [r for r in range(self.world_size) if self._steps_taken[r] < self._steps_sent]
+        late = [r for r in range(len(self._processes)) if self._steps_taken[r] < self._steps_sent]
         if what == "a step" and late:
             ranks = ", ".join(map(str, late))
             return f"worker rank {ranks} did not take step {self._steps_sent} within {self.timeout_s:.0f} s (hung?)"
         return f"worker rank {rank} sent no result for {what} within {self.timeout_s:.0f} s (hung?)"
 
     def _exit_status(self, rank: int) -> str:
+        if rank >= len(self._processes):
+            return "on another node"
         process = self._processes[rank]
         process.join(0.5)
         code = process.exitcode

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import pickle
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
@@ -28,6 +29,7 @@ from brisk.distributed.parallel_state import (
     stage_layers,
 )
 from brisk.engine.step_timer import StepTimer
+from brisk.executor.nodes import connect_to_driver
 from brisk.executor.step_sync import RequestMirror
 from brisk.worker.model_runner import LaunchedStep, ModelRunner
 
@@ -58,42 +60,52 @@ def _init_groups(rank: int, tp_size: int, pp_size: int) -> None:
     init_pipeline_parallel(pp_rank, pp_size, prev_rank, next_rank)
 
 
-def worker_main(
-    driver_pid: int,
-    rank: int,
-    tp_size: int,
-    pp_size: int,
-    init_method: str,
-    device_type: str,
-    model_config: ModelConfig,
-    runner_args: dict,
-    conn: Connection,
-    steps_taken,
-    timeout_s: float,
-) -> None:
+@dataclass
+class WorkerSpec:
+    """What one worker process needs to become its rank (picklable: CUDA workers are spawned)."""
+
+    driver_pid: int  # the process that started this one (the engine's, or a worker node's launcher)
+    rank: int
+    local_rank: int  # index among this machine's ranks: its GPU
+    tp_size: int
+    pp_size: int
+    init_method: str  # torch.distributed rendezvous, tcp://host:port
+    device_type: str
+    model_config: ModelConfig
+    runner_args: dict
+    timeout_s: float
+    driver_address: tuple[str, int] | None = None  # another node's rank: connect here instead of using a pipe
+
+
+def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
+    """``conn``: this rank's pipe to the engine (None on another node: it connects to ``spec.driver_address``);
+    ``steps_taken``: shared step counters of this node's ranks (None on another node)."""
+    rank, tp_size, pp_size = spec.rank, spec.tp_size, spec.pp_size
+    if conn is None:
+        conn = connect_to_driver(*spec.driver_address, rank, spec.timeout_s)
     try:
-        if device_type == "cuda":
-            device = torch.device("cuda", rank)
+        if spec.device_type == "cuda":
+            device = torch.device("cuda", spec.local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp_size * pp_size)))
         torch.distributed.init_process_group(
-            "nccl" if device_type == "cuda" else "gloo",
-            init_method=init_method,
+            "nccl" if spec.device_type == "cuda" else "gloo",
+            init_method=spec.init_method,
             rank=rank,
             world_size=tp_size * pp_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=spec.timeout_s),
         )
         _init_groups(rank, tp_size, pp_size)
-        config = rank_model_config(model_config, tp_size, get_pp_rank(), pp_size)
-        runner = ModelRunner(config, device, **runner_args)
+        config = rank_model_config(spec.model_config, tp_size, get_pp_rank(), pp_size)
+        runner = ModelRunner(config, device, **spec.runner_args)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
     try:
-        _serve(runner, conn, rank, device, driver_pid, steps_taken)
+        _serve(runner, conn, rank, device, spec.driver_pid, steps_taken)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the driver is gone
     finally:
@@ -128,7 +140,8 @@ def _serve(
             if kind == "shutdown":
                 return
             if kind == "step":
-                steps_taken[rank] += 1
+                if steps_taken is not None:
+                    steps_taken[rank] += 1
                 launched = runner.execute(mirror.apply(payload), timer)
                 if pending is not None:
                     conn.send(("step", pending.result()))

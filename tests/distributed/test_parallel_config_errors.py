@@ -22,6 +22,9 @@ from brisk.entrypoints.cli.main import main
         ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer"),
         ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}, "need 'mp'"),
         ({"distributed_executor_backend": "ray"}, "distributed_executor_backend must be one of"),
+        ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 2}, r"node_rank must be in \[0, nnodes=2\)"),
+        ({"tensor_parallel_size": 3, "nnodes": 2}, "3 ranks do not split evenly over nnodes=2"),
+        ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 1}, "runs only that node's ranks"),
     ],
 )
 def test_bad_parallel_sizes(tiny_llama, kwargs, match):
