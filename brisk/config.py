@@ -17,7 +17,8 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-EXECUTOR_BACKENDS = ("uni", "mp")  # uni: the engine's process is the only rank; mp: one worker process per rank
+# uni: the engine's process is the only rank; mp: one worker process per rank; ray: one Ray actor per rank
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -112,6 +113,11 @@ class EngineArgs:
             "pipeline_parallel_size > 1 leave it off.",
         )
         require(self.nnodes >= 1, f"nnodes must be >= 1, got {self.nnodes}.")
+        require(
+            self.nnodes == 1 or self.distributed_executor_backend != "ray",
+            "distributed_executor_backend='ray' places the ranks on the Ray cluster's nodes itself: leave nnodes "
+            "at 1 (and start only node 0's command).",
+        )
         require(
             0 <= self.node_rank < self.nnodes, f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}."
         )

@@ -47,4 +47,5 @@ def create_executor(args: EngineArgs, model_config: ModelConfig, device: torch.d
         nnodes=args.nnodes,
         master_addr=args.master_addr,
         master_port=args.master_port,
+        use_ray=backend == "ray",
     )

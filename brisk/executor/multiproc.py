@@ -50,7 +50,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop_workers(processes: list[BaseProcess], conns: list[Connection]) -> None:
+def _stop_workers(processes: list[BaseProcess], conns: list[Connection], ray_ranks=None) -> None:
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):  # already closed, or the worker is gone
             conn.send_bytes(pickle.dumps(("shutdown", None)))
@@ -62,6 +62,9 @@ def _stop_workers(processes: list[BaseProcess], conns: list[Connection]) -> None
             process.join(1)
     for conn in conns:
         conn.close()
+    if ray_ranks is not None:
+        with contextlib.suppress(Exception):  # the cluster may be gone already
+            ray_ranks.stop()
 
 
 @contextlib.contextmanager
@@ -133,6 +136,7 @@ class MultiprocExecutor:
         master_addr: str = "127.0.0.1",
         master_port: int | None = None,
         timeout_s: float | None = None,
+        use_ray: bool = False,
     ):
         """Starts this machine's ranks (all of them, or node 0's share of ``nnodes``) and waits for the others."""
         self.world_size = tensor_parallel_size * pipeline_parallel_size
@@ -157,14 +161,23 @@ class MultiprocExecutor:
             timeout_s=self.timeout_s,
         )
         local = local_ranks(self.world_size, nnodes, 0)
-        # Steps each rank has taken from its pipe (shared memory, read only on a timeout to name the rank that hangs).
+        accept_at = (master_addr, master_port + 1) if nnodes > 1 else None
+        self._ray_ranks = ray_ranks = None
+        if use_ray:  # every rank is a Ray actor, connecting back like another node's rank
+            from brisk.executor.ray_ranks import RayRanks
+
+            self._ray_ranks = ray_ranks = RayRanks(self.world_size, device.type, self.timeout_s)
+            local, accept_at = range(0), (ray_ranks.driver_ip, _free_port())
         self._steps_sent = 0
+        # Steps each rank has taken from its pipe (shared memory, read only on a timeout to name the rank that hangs).
         self._processes, self._conns, self._steps_taken = start_workers(spec, local, with_pipes=True)
-        self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns)
-        if nnodes > 1:
+        self._finalizer = weakref.finalize(self, _stop_workers, self._processes, self._conns, ray_ranks)
+        if accept_at is not None:
             others = [rank for rank in range(self.world_size) if rank not in local]
+            if ray_ranks is not None:
+                ray_ranks.start(spec, accept_at)
             try:
-                remote = accept_remote_workers(master_addr, master_port + 1, others, self.timeout_s)
+                remote = accept_remote_workers(*accept_at, others, self.timeout_s)
             except TimeoutError as exc:
                 self._fail(str(exc))
             self._conns.extend(remote[rank] for rank in others)

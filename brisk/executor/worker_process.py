@@ -64,7 +64,7 @@ def _init_groups(rank: int, tp_size: int, pp_size: int) -> None:
 class WorkerSpec:
     """What one worker process needs to become its rank (picklable: CUDA workers are spawned)."""
 
-    driver_pid: int  # the process that started this one (the engine's, or a worker node's launcher)
+    driver_pid: int | None  # the process that started this one (engine, node launcher); None: a Ray actor
     rank: int
     local_rank: int  # index among this machine's ranks: its GPU
     tp_size: int
@@ -113,16 +113,16 @@ def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
             torch.distributed.destroy_process_group()
 
 
-def _wait_for_command(conn: Connection, driver_pid: int) -> None:
+def _wait_for_command(conn: Connection, driver_pid: int | None) -> None:
     """Block until the driver sends something; exit when the driver is gone (a forked sibling may hold a copy of
     the driver's end of this pipe, so its end of file cannot be relied on)."""
     while not conn.poll(1.0):
-        if os.getppid() != driver_pid:
+        if driver_pid is not None and os.getppid() != driver_pid:
             raise EOFError("the driver process is gone")
 
 
 def _serve(
-    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int, steps_taken
+    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int | None, steps_taken
 ) -> None:
     """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs).
     Rank 0 of the last stage reports each step's sampled tokens."""

@@ -121,10 +121,10 @@ def add_parallel_arguments(group) -> None:
     )
     group.add_argument(
         "--distributed-executor-backend",
-        choices=("uni", "mp"),
+        choices=("uni", "mp", "ray"),
         default=None,
-        help="uni: one rank in the engine's process; mp: one worker process per rank (default: uni for one rank, "
-        "mp for more).",
+        help="uni: one rank in the engine's process; mp: one worker process per rank; ray: one Ray actor per rank "
+        "on the Ray cluster (default: uni for one rank, mp for more).",
     )
     group.add_argument("--nnodes", type=positive_int, default=None, help="Machines the ranks span (default: 1).")
     group.add_argument(
