@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -108,6 +109,7 @@ class LLMEngine:
             else self.device.type == "cuda" and args.pipeline_parallel_size == 1
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
+        self._pipeline: deque[LaunchedStep] = deque()  # pipeline parallelism: a batch per stage in flight
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         if self.device.type == "cuda":
@@ -136,6 +138,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
         )
+        self.scheduler.defer_pending = args.pipeline_parallel_size > 1
 
     def warm_up(self) -> None:
         """Serve a few throwaway requests, then start again from an empty scheduler and KV cache manager.
@@ -323,6 +326,8 @@ class LLMEngine:
         so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
         request's sampling needs its whole token history on the host (penalties)."""
         self.step_timer.start()
+        if self.args.pipeline_parallel_size > 1:
+            return self._pipelined_step()
         current, self._in_flight = self._in_flight, None
         if current is None:
             current = self._launch()
@@ -332,6 +337,21 @@ class LLMEngine:
                 return []
         if self.async_scheduling and not self.scheduler.needs_sync:
             self._in_flight = self._launch()
+        return self._apply(current.schedule, current.result())
+
+    def _pipelined_step(self) -> list[RequestOutput]:
+        """Pipeline parallelism: keep one batch in flight per stage (each later batch holds the requests not
+        waiting for a token in flight), then apply the oldest, so no stage idles while the others compute."""
+        while len(self._pipeline) < self.args.pipeline_parallel_size:
+            launched = self._launch()
+            if launched is None:
+                break
+            self._pipeline.append(launched)
+        if not self._pipeline:
+            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
+            return []
+        current = self._pipeline.popleft()
         return self._apply(current.schedule, current.result())
 
     def _launch(self) -> LaunchedStep | None:

@@ -72,7 +72,11 @@ def test_parallel_matches_one_rank(tmp_path, caplog, arch, kv_heads, tp, pp):
         # the start-up arithmetic: each rank holds about half the weights (or less) and plans its own KV cache
         assert f"= {NUM_KV_BLOCKS * BLOCK_SIZE} tokens" in caplog.text and f"({tp * pp} ranks)" in caplog.text
         assert llm.engine.model_runner.weight_bytes() < 0.6 * one_rank.engine.model_runner.weight_bytes()
+        in_flight = []  # batches already in flight each time one is launched
+        launch = llm.engine._launch
+        llm.engine._launch = lambda: in_flight.append(len(llm.engine._pipeline)) or launch()
         assert _run(llm) == expected
+        assert max(in_flight) == pp - 1  # with pipeline stages, one batch per stage in flight
         stats = llm.engine.get_stats()
         assert llm.engine.scheduler.num_preemptions > 0
         assert stats.prefix_cache_hits > 0
