@@ -203,8 +203,9 @@ class MultiprocExecutor:
         self._call("allocate_kv_cache", num_blocks)
 
     def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
-        # CUDA graphs would capture a stage's send/recv: pipeline stages run eagerly.
-        eager = enforce_eager or self.pipeline_parallel_size > 1
+        # Several ranks run eagerly: graphs would capture NCCL collectives and a stage's send/recv, which are not
+        # verified on a multi-GPU machine yet.
+        eager = enforce_eager or self.world_size > 1
         self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, eager)
 
     def weight_bytes(self) -> int:
