@@ -21,7 +21,8 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
-EXECUTOR_BACKENDS = ("uni", "mp")  # uni: the engine's process is the only rank; mp: one worker process per rank
+# uni: the engine's process is the only rank; mp: one worker process per rank; ray: one Ray actor per rank
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -54,6 +55,11 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: "uni" for one rank, "mp" for more
+    # Several machines, torchrun's names: node 0 runs the engine and its share of the ranks, the others only ranks.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # None: a free port on one node; 29500 (torchrun's) on several
 
     @property
     def world_size(self) -> int:
@@ -119,6 +125,29 @@ class EngineArgs:
             f"{self.distributed_executor_backend!r}.",
         )
         require(
+            self.pipeline_parallel_size == 1 or not self.async_scheduling,
+            "async_scheduling needs each step's sampled tokens on the first pipeline stage; with "
+            "pipeline_parallel_size > 1 leave it off.",
+        )
+        require(self.nnodes >= 1, f"nnodes must be >= 1, got {self.nnodes}.")
+        require(
+            self.nnodes == 1 or self.distributed_executor_backend != "ray",
+            "distributed_executor_backend='ray' places the ranks on the Ray cluster's nodes itself: leave nnodes "
+            "at 1 (and start only node 0's command).",
+        )
+        require(
+            0 <= self.node_rank < self.nnodes, f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}."
+        )
+        require(
+            self.world_size % self.nnodes == 0,
+            f"tensor_parallel_size x pipeline_parallel_size = {self.world_size} ranks do not split evenly over "
+            f"nnodes={self.nnodes}.",
+        )
+        require(
+            self.master_port is None or 0 < self.master_port < 65535,
+            f"master_port must be in [1, 65534] (the next port carries the engine's commands), got {self.master_port}.",
+        )
+        require(
             self.distributed_executor_backend != "uni" or self.world_size == 1,
             f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
             f"pipeline_parallel_size = {self.world_size} ranks need 'mp'.",
@@ -160,6 +189,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
             "quantization",
             "kv_cache_dtype",
             "distributed_executor_backend",
+            "master_addr",
         )
     },
     **{
@@ -172,6 +202,9 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
             "seed",
             "tensor_parallel_size",
             "pipeline_parallel_size",
+            "nnodes",
+            "node_rank",
+            "master_port",
         )
     },
     "kv_cache_memory_bytes": ((int,), "an integer"),

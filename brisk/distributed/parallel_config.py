@@ -24,10 +24,6 @@ def check_parallel_shapes(hf_config, tensor_parallel_size: int, pipeline_paralle
         problems.append(f"pipeline_parallel_size={pp} is larger than the model's {layers} layers")
     if problems:
         raise ValueError("This model cannot be split as asked: " + "; ".join(problems) + ".")
-    if pp > 1:
-        raise ValueError(
-            "pipeline_parallel_size > 1 is not implemented yet; use tensor_parallel_size to split the model."
-        )
 
 
 def check_device_count(world_size: int, device_type: str, device_count: int) -> None:

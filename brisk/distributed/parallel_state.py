@@ -41,3 +41,54 @@ def tensor_model_parallel_all_gather(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(_TP_SIZE)]
     torch.distributed.all_gather(parts, x.contiguous(), group=_TP_GROUP)
     return torch.cat(parts, dim=-1)
+
+
+# ---- pipeline parallelism: stages own contiguous layers; activations go to the next stage's rank of the same
+# tensor-parallel index by point-to-point send/recv ----------------------------------------------------------------
+_PP_RANK = 0
+_PP_SIZE = 1
+_PP_PREV: int | None = None  # global rank that sends this stage its input
+_PP_NEXT: int | None = None  # global rank this stage sends its output to
+
+
+def init_pipeline_parallel(rank: int, size: int, prev_rank: int | None, next_rank: int | None) -> None:
+    global _PP_RANK, _PP_SIZE, _PP_PREV, _PP_NEXT
+    if not 0 <= rank < size:
+        raise ValueError(f"pipeline-parallel rank {rank} is outside {size} stages")
+    _PP_RANK, _PP_SIZE, _PP_PREV, _PP_NEXT = rank, size, prev_rank, next_rank
+
+
+def get_pp_rank() -> int:
+    return _PP_RANK
+
+
+def get_pp_size() -> int:
+    return _PP_SIZE
+
+
+def is_first_stage() -> bool:
+    return _PP_RANK == 0
+
+
+def is_last_stage() -> bool:
+    return _PP_RANK == _PP_SIZE - 1
+
+
+def stage_layers(num_layers: int, rank: int | None = None, size: int | None = None) -> range:
+    """The contiguous layers a stage owns (this process's stage by default); earlier stages get the smaller share."""
+    rank = _PP_RANK if rank is None else rank
+    size = _PP_SIZE if size is None else size
+    return range(rank * num_layers // size, (rank + 1) * num_layers // size)
+
+
+def send_to_next_stage(tensors: list[torch.Tensor]) -> None:
+    for tensor in tensors:
+        torch.distributed.send(tensor.contiguous(), dst=_PP_NEXT)
+
+
+def recv_from_prev_stage(count: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    """``count`` tensors of one shape from the previous stage (every stage knows the step's token count)."""
+    tensors = [torch.empty(shape, dtype=dtype, device=device) for _ in range(count)]
+    for tensor in tensors:
+        torch.distributed.recv(tensor, src=_PP_PREV)
+    return tensors

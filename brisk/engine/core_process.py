@@ -33,7 +33,8 @@ and more to unpickle; deltas cost about 1 ms (a few microseconds each).
 
 The loop has the semantics of the former engine thread: commands are drained between steps, the process blocks
 on its pipe when idle (no polling), an exception from ``engine.step()`` fails the requests in flight and the loop
-carries on, and an error anywhere else ends it with ``("dead", why)``. The child exits when its parent goes away
+carries on (unless the exception is marked ``fatal``, as a dead worker process is: then the loop ends), and an error
+anywhere else ends it with ``("dead", why)``. The child exits when its parent goes away
 (end of file on the command pipe, or a broken output pipe) and ignores SIGINT: Ctrl+C reaches the whole process
 group, and the server decides how to shut down.
 
@@ -282,6 +283,8 @@ class EngineCore:
                     except Exception as exc:
                         logger.exception("engine.step() failed; failing the %d requests in flight", len(self._live))
                         self._fail_all(exc)
+                        if getattr(exc, "fatal", False):  # the engine cannot step again (e.g. a worker died)
+                            raise
                     else:
                         stepped = True
                         self._route(outputs)

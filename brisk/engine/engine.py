@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -126,9 +127,12 @@ class LLMEngine:
         self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (
-            args.async_scheduling if args.async_scheduling is not None else self.device.type == "cuda"
+            args.async_scheduling
+            if args.async_scheduling is not None
+            else self.device.type == "cuda" and args.pipeline_parallel_size == 1
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
+        self._pipeline: deque[LaunchedStep] = deque()  # pipeline parallelism: a batch per stage in flight
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         if self.device.type == "cuda":
@@ -157,6 +161,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.kv_cache_manager, self.max_num_batched_tokens, args.max_num_seqs, self.max_model_len
         )
+        self.scheduler.defer_pending = args.pipeline_parallel_size > 1
 
     def warm_up(self) -> None:
         """Serve a few throwaway requests, then start again from an empty scheduler and KV cache manager.
@@ -248,10 +253,16 @@ class LLMEngine:
                 f"Raise {knob}, or lower max_model_len to at most {num_blocks * args.block_size}."
             )
         logger.info(
-            "KV cache: %d blocks x %d tokens (%.2f GiB)",
+            "KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB) per rank; weights %.2f GiB per rank (%d ranks); "
+            "max concurrency %.1f sequences of max_model_len=%d",
             num_blocks,
             args.block_size,
+            num_blocks * args.block_size,
             num_blocks * per_block / 2**30,
+            self.model_runner.weight_bytes() / 2**30,
+            args.world_size,
+            num_blocks * args.block_size / self.max_model_len,
+            self.max_model_len,
         )
         if drafter is not None:
             logger.info(
@@ -378,6 +389,8 @@ class LLMEngine:
         starts where its accepted drafts end, which only the read-back tells."""
         self.step_timer.start()
         failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
+        if self.args.pipeline_parallel_size > 1:
+            return failed + self._pipelined_step()
         current, self._in_flight = self._in_flight, None
         if current is None:
             if self._speculating():
@@ -424,6 +437,21 @@ class LLMEngine:
             ):
                 limit = self.scheduler.max_num_drafts(request)
                 request.spec_token_ids = self.proposer.propose(request.all_token_ids, limit)
+
+    def _pipelined_step(self) -> list[RequestOutput]:
+        """Pipeline parallelism: keep one batch in flight per stage (each later batch holds the requests not
+        waiting for a token in flight), then apply the oldest, so no stage idles while the others compute."""
+        while len(self._pipeline) < self.args.pipeline_parallel_size:
+            launched = self._launch()
+            if launched is None:
+                break
+            self._pipeline.append(launched)
+        if not self._pipeline:
+            if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
+                raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
+            return []
+        current = self._pipeline.popleft()
+        return self._apply(current.schedule, current.result())
 
     def _launch(self) -> LaunchedStep | None:
         schedule = self.scheduler.schedule()

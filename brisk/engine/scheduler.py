@@ -78,6 +78,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.spec_decode_totals = [0, 0, 0]  # SchedulerStats' spec_decode_* counters
         self._num_history_requests = 0  # requests whose sampling reads their own token history
+        # Pipeline parallelism: a request whose sampled token is still in flight waits for it (the first stage
+        # needs it on the host), so the next batches in flight hold other requests.
+        self.defer_pending = False
 
     # ---- queue management -------------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -123,7 +126,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if self._finishes_with_pending(request):
+            if self._finishes_with_pending(request) or (self.defer_pending and request.num_pending_tokens):
                 i += 1
                 continue
             num_new = min(request.num_tokens_with_pending - request.num_computed_tokens, budget)

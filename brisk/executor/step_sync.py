@@ -8,7 +8,7 @@ tokens and block ids added since the last message, and the ids of requests that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from brisk.engine.request import Request
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
@@ -25,23 +25,21 @@ class NewRequestData:
 
 
 @dataclass
-class ScheduledRow:
-    request_id: str
-    num_new_tokens: int
-    start: int
-    sample: bool
-    new_output_tokens: list[int]  # output tokens the workers have not seen yet
-    num_pending_tokens: int
-    new_block_ids: list[int]
-    reset_blocks: bool  # the request was preempted: new_block_ids is its whole table
-    num_prompt_logprobs: int  # entries in the request's prompt_logprobs (0 when it asks for none)
-
-
-@dataclass
 class StepMessage:
+    """One step, as columns (a list per field, in batch order) so that it pickles and unpickles quickly; the
+    per-request extras are keyed by request id and hold only requests that have some."""
+
     finished_ids: list[str]
     new_requests: list[NewRequestData]
-    rows: list[ScheduledRow]
+    request_ids: list[str]
+    num_new_tokens: list[int]
+    starts: list[int]
+    samples: list[bool]
+    num_pending_tokens: list[int]
+    new_output_tokens: dict[str, list[int]]  # output tokens the workers have not seen yet
+    new_block_ids: dict[str, list[int]]
+    reset_blocks: list[str]  # preempted since: their new_block_ids are their whole table
+    num_prompt_logprobs: dict[str, int]  # entries in prompt_logprobs, for requests that ask for them
 
 
 @dataclass
@@ -67,14 +65,13 @@ class StepEncoder:
             sent = self._sent.get(request.request_id)
             if sent is not None and sent.request is request:
                 sent.num_blocks = -1
-        new_requests: list[NewRequestData] = []
-        rows: list[ScheduledRow] = []
+        message = StepMessage(finished, [], [], [], [], [], [], {}, {}, [], {})
         for request, num_new, start, sample in schedule.scheduled:
             rid = request.request_id
             sent = self._sent.get(rid)
             if sent is None or sent.request is not request:
                 sent = self._sent[rid] = _Sent(request)
-                new_requests.append(
+                message.new_requests.append(
                     NewRequestData(
                         rid,
                         request.prompt_token_ids,
@@ -83,31 +80,34 @@ class StepEncoder:
                         request.bad_words_token_ids,
                     )
                 )
-            table = schedule.block_tables[rid]
-            reset = sent.num_blocks < 0
-            new_blocks = table if reset else table[sent.num_blocks :]
+            message.request_ids.append(rid)
+            message.num_new_tokens.append(num_new)
+            message.starts.append(start)
+            message.samples.append(sample)
+            message.num_pending_tokens.append(request.num_pending_tokens)
             outputs = request.output_token_ids
-            rows.append(
-                ScheduledRow(
-                    rid,
-                    num_new,
-                    start,
-                    sample,
-                    outputs[sent.num_output_tokens :],
-                    request.num_pending_tokens,
-                    new_blocks,
-                    reset,
-                    len(request.prompt_logprobs or ()),
-                )
-            )
-            sent.num_blocks, sent.num_output_tokens = len(table), len(outputs)
-        return StepMessage(finished, new_requests, rows)
+            if len(outputs) > sent.num_output_tokens:
+                message.new_output_tokens[rid] = outputs[sent.num_output_tokens :]
+                sent.num_output_tokens = len(outputs)
+            table = schedule.block_tables[rid]
+            if sent.num_blocks < 0:
+                message.reset_blocks.append(rid)
+                sent.num_blocks = 0
+            if len(table) > sent.num_blocks:
+                message.new_block_ids[rid] = table[sent.num_blocks :]
+                sent.num_blocks = len(table)
+            if request.prompt_logprobs is not None:
+                message.num_prompt_logprobs[rid] = len(request.prompt_logprobs)
+        return message
 
 
 class RequestMirror:
     """Worker side: the live requests as the driver last described them, and the ``SchedulerOutput`` of a step."""
 
-    def __init__(self) -> None:
+    def __init__(self, samples: bool = True) -> None:
+        """``samples=False`` (a pipeline stage before the last): rows never sample and no prompt logprobs are
+        computed, since this stage has no LM head."""
+        self.samples = samples
         self._requests: dict[str, Request] = {}
         self._block_tables: dict[str, list[int]] = {}
 
@@ -115,30 +115,34 @@ class RequestMirror:
         return len(self._requests)
 
     def apply(self, message: StepMessage) -> SchedulerOutput:
+        requests, tables = self._requests, self._block_tables
         for rid in message.finished_ids:
-            self._requests.pop(rid, None)
-            self._block_tables.pop(rid, None)
+            requests.pop(rid, None)
+            tables.pop(rid, None)
         for new in message.new_requests:
-            request = Request(
-                new.request_id, new.prompt_token_ids, new.sampling_params, new.eos_token_ids, arrival_time=0.0
-            )
+            params = new.sampling_params if self.samples else replace(new.sampling_params, prompt_logprobs=None)
+            request = Request(new.request_id, new.prompt_token_ids, params, new.eos_token_ids, arrival_time=0.0)
             request.bad_words_token_ids = new.bad_words_token_ids
-            self._requests[new.request_id] = request
-            self._block_tables[new.request_id] = []
-        scheduled: list[ScheduledRequest] = []
-        block_tables: dict[str, list[int]] = {}
-        for row in message.rows:
-            request = self._requests[row.request_id]
-            for token in row.new_output_tokens:
+            requests[new.request_id] = request
+            tables[new.request_id] = []
+        for rid, tokens in message.new_output_tokens.items():
+            request = requests[rid]
+            for token in tokens:
                 request.append_output_token(token)
-            request.num_pending_tokens = row.num_pending_tokens
-            if request.prompt_logprobs is not None:
-                request.prompt_logprobs = [None] * row.num_prompt_logprobs
-            table = self._block_tables[row.request_id]
-            if row.reset_blocks:
-                table.clear()
-            table.extend(row.new_block_ids)
-            block_tables[row.request_id] = table
-            scheduled.append(ScheduledRequest(request, row.num_new_tokens, row.start, row.sample))
-        total = sum(row.num_new_tokens for row in message.rows)
-        return SchedulerOutput(scheduled, block_tables, total)
+        for rid in message.reset_blocks:
+            tables[rid].clear()
+        for rid, block_ids in message.new_block_ids.items():
+            tables[rid].extend(block_ids)
+        if self.samples:
+            for rid, count in message.num_prompt_logprobs.items():
+                requests[rid].prompt_logprobs = [None] * count
+        scheduled: list[ScheduledRequest] = []
+        samples = message.samples if self.samples else [False] * len(message.samples)
+        for rid, num_new, start, sample, pending in zip(
+            message.request_ids, message.num_new_tokens, message.starts, samples, message.num_pending_tokens
+        ):
+            request = requests[rid]
+            request.num_pending_tokens = pending
+            scheduled.append(ScheduledRequest(request, num_new, start, sample))
+        block_tables = {rid: tables[rid] for rid in message.request_ids}
+        return SchedulerOutput(scheduled, block_tables, sum(message.num_new_tokens))

@@ -1,10 +1,11 @@
-"""The main function of one worker process of a multi-process engine: join the process group, load this
+"""The main function of one worker process of a multi-process engine: join the process groups, load this
 rank's shard of the model, then serve the driver's commands (method calls and steps) over a pipe.
 
-Every rank runs every step (tensor-parallel layers meet in collectives), samples from the same gathered logits
-with the same seeds, and so holds the same sampled ids for the next step's inputs; only rank 0 sends results.
-After a step rank 0 reads the next command before waiting for that step's tokens, when one is already queued,
-so the driver's next step is launched while this one finishes (async scheduling)."""
+Every rank runs every step (tensor-parallel layers meet in collectives; pipeline stages pass activations on).
+The last stage's ranks sample from the same gathered logits with the same seeds, and so hold the same sampled ids
+for the next step's inputs; only its rank 0 sends results. After a step that rank reads the next command before
+waiting for that step's tokens, when one is already queued, so the driver's next step is launched while this one
+finishes (async scheduling)."""
 
 from __future__ import annotations
 
@@ -12,56 +13,99 @@ import dataclasses
 import os
 import pickle
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
 import torch
 
 from brisk.config import ModelConfig
-from brisk.distributed.parallel_state import init_tensor_parallel
+from brisk.distributed.parallel_state import (
+    get_pp_rank,
+    get_tp_rank,
+    init_pipeline_parallel,
+    init_tensor_parallel,
+    is_last_stage,
+    stage_layers,
+)
 from brisk.engine.step_timer import StepTimer
+from brisk.executor.nodes import connect_to_driver
 from brisk.executor.step_sync import RequestMirror
 from brisk.worker.model_runner import LaunchedStep, ModelRunner
 
 
-def rank_model_config(model_config: ModelConfig, tp_size: int) -> ModelConfig:
-    """The model as one rank sees it: its share of the KV heads (at least one: fewer heads are replicated)."""
-    return dataclasses.replace(model_config, num_kv_heads=max(1, model_config.num_kv_heads // tp_size))
+def rank_model_config(model_config: ModelConfig, tp_size: int, pp_rank: int = 0, pp_size: int = 1) -> ModelConfig:
+    """The model as one rank sees it: its share of the KV heads (at least one: fewer heads are replicated) and its
+    stage's layers (their KV cache is all it holds)."""
+    return dataclasses.replace(
+        model_config,
+        num_kv_heads=max(1, model_config.num_kv_heads // tp_size),
+        num_layers=len(stage_layers(model_config.num_layers, pp_rank, pp_size)),
+    )
 
 
-def worker_main(
-    driver_pid: int,
-    rank: int,
-    world_size: int,
-    init_method: str,
-    device_type: str,
-    model_config: ModelConfig,
-    runner_args: dict,
-    conn: Connection,
-    timeout_s: float,
-) -> None:
+def _init_groups(rank: int, tp_size: int, pp_size: int) -> None:
+    """Rank ``pp_rank * tp_size + tp_rank``: one tensor-parallel group per stage, and the same tensor-parallel index
+    of the stages before and after it for the activations. Every rank creates every group (torch's rule)."""
+    pp_rank, tp_rank = divmod(rank, tp_size)
+    group = None
+    if pp_size > 1:
+        for stage in range(pp_size):
+            created = torch.distributed.new_group(list(range(stage * tp_size, (stage + 1) * tp_size)))
+            if stage == pp_rank:
+                group = created
+    init_tensor_parallel(tp_rank, tp_size, group)
+    prev_rank = rank - tp_size if pp_rank > 0 else None
+    next_rank = rank + tp_size if pp_rank < pp_size - 1 else None
+    init_pipeline_parallel(pp_rank, pp_size, prev_rank, next_rank)
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker process needs to become its rank (picklable: CUDA workers are spawned)."""
+
+    driver_pid: int | None  # the process that started this one (engine, node launcher); None: a Ray actor
+    rank: int
+    local_rank: int  # index among this machine's ranks: its GPU
+    tp_size: int
+    pp_size: int
+    init_method: str  # torch.distributed rendezvous, tcp://host:port
+    device_type: str
+    model_config: ModelConfig
+    runner_args: dict
+    timeout_s: float
+    driver_address: tuple[str, int] | None = None  # another node's rank: connect here instead of using a pipe
+
+
+def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
+    """``conn``: this rank's pipe to the engine (None on another node: it connects to ``spec.driver_address``);
+    ``steps_taken``: shared step counters of this node's ranks (None on another node)."""
+    rank, tp_size, pp_size = spec.rank, spec.tp_size, spec.pp_size
+    if conn is None:
+        conn = connect_to_driver(*spec.driver_address, rank, spec.timeout_s)
     try:
-        if device_type == "cuda":
-            device = torch.device("cuda", rank)
+        if spec.device_type == "cuda":
+            device = torch.device("cuda", spec.local_rank)
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp_size * pp_size)))
         torch.distributed.init_process_group(
-            "nccl" if device_type == "cuda" else "gloo",
-            init_method=init_method,
+            "nccl" if spec.device_type == "cuda" else "gloo",
+            init_method=spec.init_method,
             rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
+            world_size=tp_size * pp_size,
+            timeout=timedelta(seconds=spec.timeout_s),
         )
-        init_tensor_parallel(rank, world_size)
-        runner = ModelRunner(rank_model_config(model_config, world_size), device, **runner_args)
+        _init_groups(rank, tp_size, pp_size)
+        config = rank_model_config(spec.model_config, tp_size, get_pp_rank(), pp_size)
+        runner = ModelRunner(config, device, **spec.runner_args)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", None))
     try:
-        _serve(runner, conn, rank, device, driver_pid)
+        _serve(runner, conn, rank, device, spec.driver_pid, steps_taken)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the driver is gone
     finally:
@@ -69,16 +113,21 @@ def worker_main(
             torch.distributed.destroy_process_group()
 
 
-def _wait_for_command(conn: Connection, driver_pid: int) -> None:
+def _wait_for_command(conn: Connection, driver_pid: int | None) -> None:
     """Block until the driver sends something; exit when the driver is gone (a forked sibling may hold a copy of
     the driver's end of this pipe, so its end of file cannot be relied on)."""
     while not conn.poll(1.0):
-        if os.getppid() != driver_pid:
+        if driver_pid is not None and os.getppid() != driver_pid:
             raise EOFError("the driver process is gone")
 
 
-def _serve(runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int) -> None:
-    mirror = RequestMirror()
+def _serve(
+    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int | None, steps_taken
+) -> None:
+    """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs).
+    Rank 0 of the last stage reports each step's sampled tokens."""
+    reports = is_last_stage() and get_tp_rank() == 0
+    mirror = RequestMirror(samples=is_last_stage())
     timer = StepTimer(device, enabled=False)
     pending: LaunchedStep | None = None  # rank 0: a launched step whose tokens are not sent yet
     while True:
@@ -91,10 +140,12 @@ def _serve(runner: ModelRunner, conn: Connection, rank: int, device: torch.devic
             if kind == "shutdown":
                 return
             if kind == "step":
+                if steps_taken is not None:
+                    steps_taken[rank] += 1
                 launched = runner.execute(mirror.apply(payload), timer)
                 if pending is not None:
                     conn.send(("step", pending.result()))
-                pending = launched if rank == 0 else None
+                pending = launched if reports else None
             else:  # "call": (method name, args)
                 method, args = payload
                 conn.send(("ok", getattr(runner, method)(*args)))

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from brisk.config import ModelConfig
+from brisk.distributed.parallel_state import get_tp_size
+from brisk.loader.lazy_tensor import LazyTensor
 from brisk.models.registry import get_model_class
 
 
@@ -36,7 +38,10 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def iterate_safetensors(folder: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_safetensors(
+    folder: Path, device: torch.device, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor | LazyTensor]]:
+    """Every checkpoint tensor by name; ``lazy``: as ``LazyTensor``s, so that a rank reads only its shard."""
     from safetensors import SafetensorError, safe_open
 
     seen: dict[str, str] = {}
@@ -47,7 +52,7 @@ def iterate_safetensors(folder: Path, device: torch.device) -> Iterator[tuple[st
                     if name in seen:
                         raise ValueError(f"Tensor {name!r} is in both {seen[name]} and {file.name} in {folder}.")
                     seen[name] = file.name
-                    yield name, f.get_tensor(name)
+                    yield name, LazyTensor(f.get_slice(name)) if lazy else f.get_tensor(name)
         except SafetensorError as exc:
             raise ValueError(f"{file} is not a readable safetensors file ({exc}); is it complete?") from exc
 
@@ -79,7 +84,7 @@ def load_model(model_config: ModelConfig, device: torch.device, load_format: str
     if load_format == "dummy":
         fill_dummy_weights(model, seed)
     else:
-        model.load_weights(iterate_safetensors(model_config.path, device))
+        model.load_weights(iterate_safetensors(model_config.path, device, lazy=get_tp_size() > 1))
     for module in model.modules():
         quant_method = getattr(module, "quant_method", None)
         if quant_method is not None:

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from brisk.distributed.parallel_state import (
+    is_first_stage,
+    is_last_stage,
+    recv_from_prev_stage,
+    send_to_next_stage,
+    stage_layers,
+)
 from brisk.layers.activation import SiluAndMul
 from brisk.layers.attention.layer import Attention
 from brisk.layers.embedding import LMHead, VocabEmbedding
@@ -106,21 +113,39 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(gate_up), residual
 
 
+class MissingLayer(nn.Module):
+    """A decoder layer another pipeline stage owns: it keeps the layer indices (and checkpoint names) in place."""
+
+
 class LlamaModel(nn.Module):
+    """With pipeline parallelism a stage builds only its own layers (``stage_layers``), the first stage the
+    embedding and the last the final norm; the others receive their input from the stage before them and send
+    their output (hidden states and the residual stream) to the stage after."""
+
     def __init__(self, config, dtype, max_position, backend, options: LayerOptions, quant):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype)
+        self.hidden_size, self.dtype = config.hidden_size, dtype
+        self.layer_range = stage_layers(config.num_hidden_layers)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, dtype) if is_first_stage() else None
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, max_position, backend, options, quant, f"model.layers.{i}")
+            if i in self.layer_range
+            else MissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype) if is_last_stage() else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
+        if self.embed_tokens is not None:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            shape = (input_ids.shape[0], self.hidden_size)
+            hidden_states, residual = recv_from_prev_stage(2, shape, self.dtype, input_ids.device)
+        for i in self.layer_range:
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+        if self.norm is None:
+            send_to_next_stage([hidden_states, residual])
+            return hidden_states
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -164,8 +189,8 @@ class LlamaForCausalLM(nn.Module):
         )
         self.model = LlamaModel(config, dtype, max_position, attention_backend, options, quant_config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype)
-        if self.tie_word_embeddings:
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, dtype) if is_last_stage() else None
+        if self.tie_word_embeddings and self.lm_head is not None and self.model.embed_tokens is not None:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @staticmethod
@@ -181,7 +206,7 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden_states)
 
     def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        return [self.model.layers[i].self_attn.attn for i in self.model.layer_range]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors (HF names) into parameters, routing q/k/v and gate/up into fused ones."""
@@ -193,6 +218,9 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 tied_head = tensor
+                continue
+            name = self._stage_tensor_name(name)
+            if name is None:  # another pipeline stage's
                 continue
             if name.endswith((".self_attn.k_scale", ".self_attn.v_scale")):  # FP8 KV-cache scales
                 layer = self.model.layers[int(name.split(".")[2])]
@@ -228,18 +256,34 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing tensors: {missing[:8]}")
         embed_tokens = self.model.embed_tokens
+        if tied_head is not None and embed_tokens is not None:
+            self._check_tied_head(tied_head)
+
+    def _check_tied_head(self, tied_head: torch.Tensor) -> None:
+        embed_tokens = self.model.embed_tokens
         whole_shape = (embed_tokens.vocab_size, embed_tokens.weight.shape[1])
-        if tied_head is not None and (
-            tuple(tied_head.shape) != whole_shape
-            or not torch.equal(
-                embed_tokens.shard(tied_head).to(embed_tokens.weight.device, embed_tokens.weight.dtype),
-                embed_tokens.weight,
-            )
+        if tuple(tied_head.shape) != whole_shape or not torch.equal(
+            embed_tokens.shard(tied_head).to(embed_tokens.weight.device, embed_tokens.weight.dtype),
+            embed_tokens.weight,
         ):
             raise ValueError(
                 "config.json says tie_word_embeddings, but the checkpoint's lm_head.weight differs from "
                 "model.embed_tokens.weight: set tie_word_embeddings to false in config.json to use both."
             )
+
+    def _stage_tensor_name(self, name: str) -> str | None:
+        """The parameter a checkpoint tensor loads into on this pipeline stage, or None when another stage owns it
+        (a last stage that ties its LM head to the embedding loads the embedding into its head)."""
+        index = name.split(".")[2] if name.startswith("model.layers.") else ""
+        if index.isdigit() and int(index) < len(self.model.layers) and int(index) not in self.model.layer_range:
+            return None
+        if name == "model.embed_tokens.weight" and self.model.embed_tokens is None:
+            return "lm_head.weight" if self.tie_word_embeddings and self.lm_head is not None else None
+        if name == "lm_head.weight" and self.lm_head is None:
+            return None
+        if name == "model.norm.weight" and self.model.norm is None:
+            return None
+        return name
 
     def _missing_tensors(self, params: dict[str, torch.nn.Parameter], loaded: set[str]) -> list[str]:
         """Parameters not loaded, and fused ones with a part missing (named as the checkpoint names it)."""

@@ -15,6 +15,7 @@ import torch
 
 from brisk.config import ModelConfig
 from brisk.device_transfer import to_device_async
+from brisk.distributed.parallel_state import is_last_stage
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
 from brisk.engine.step_timer import StepTimer
 from brisk.forward_context import set_forward_context
@@ -124,6 +125,10 @@ class ModelRunner:
         self._last_sampled: torch.Tensor | None = None
         self._last_sample_rows: dict[str, int] = {}
 
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's model parameters (a tied weight once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     def reseed_sampler(self, seed: int) -> None:
         self.sampler.reseed(seed)
         self.rejection_sampler.reseed(seed)
@@ -142,7 +147,8 @@ class ModelRunner:
         metadata = _single_sequence_metadata(max_num_batched_tokens, self.block_size, self.device)
         with torch.inference_mode(), set_forward_context(metadata):
             hidden = self.model(torch.zeros_like(positions), positions)
-            self.model.compute_logits(hidden[-256:]).float().softmax(-1)
+            if is_last_stage():  # the stage with the LM head
+                self.model.compute_logits(hidden[-256:]).float().softmax(-1)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         self.kv_caches = []

@@ -17,11 +17,15 @@ from brisk.entrypoints.cli.main import main
     [
         ({"tensor_parallel_size": 3}, "num_attention_heads=4 is not divisible by tensor_parallel_size=3"),
         ({"pipeline_parallel_size": 3}, "pipeline_parallel_size=3 is larger than the model's 2 layers"),
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size > 1 is not implemented"),
+        ({"pipeline_parallel_size": 2, "async_scheduling": True}, "async_scheduling needs each step's sampled"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
         ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer"),
         ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"}, "need 'mp'"),
-        ({"distributed_executor_backend": "ray"}, "distributed_executor_backend must be one of"),
+        ({"distributed_executor_backend": "slurm"}, "distributed_executor_backend must be one of"),
+        ({"distributed_executor_backend": "ray", "nnodes": 2, "tensor_parallel_size": 2}, "leave nnodes"),
+        ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 2}, r"node_rank must be in \[0, nnodes=2\)"),
+        ({"tensor_parallel_size": 3, "nnodes": 2}, "3 ranks do not split evenly over nnodes=2"),
+        ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 1}, "runs only that node's ranks"),
     ],
 )
 def test_bad_parallel_sizes(tiny_llama, kwargs, match):

@@ -1,8 +1,11 @@
-"""Tensor parallelism across real worker processes (gloo on loopback): TP=2 gives the same tokens as one rank on
-tiny Llama, Qwen2 and Qwen3 models whose KV heads are equal to, fewer than and more than the two ranks, with
-chunked prefill, prefix caching, preemption, async scheduling and ``n > 1`` in the same run."""
+"""Tensor and pipeline parallelism across real worker processes (gloo on loopback): TP=2, PP=2 and TP=2 x PP=2
+(four processes) give the same tokens as one rank on tiny Llama, Qwen2 and Qwen3 models whose KV heads are equal
+to, fewer than and more than the two tensor-parallel ranks, with chunked prefill, prefix caching, preemption,
+async scheduling (TP only) and ``n > 1`` in the same run."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -11,31 +14,41 @@ from tests.tiny_models import make_tiny_model
 
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 12  # fewer than the batch needs: requests are preempted and recomputed
-# (arch, KV heads): 4 attention heads each, so with two ranks the KV heads are split, replicated, or split in two
-MODELS = [("llama", 2), ("qwen2", 1), ("qwen3", 4)]
+# (arch, KV heads, TP, PP): 4 attention heads each, so with two tensor-parallel ranks the KV heads are split,
+# replicated, or split in two; the tiny models' 2 layers make 2 pipeline stages of one layer each (Qwen2 ties its
+# LM head to the embedding, which the first stage owns: the last stage loads the embedding into its head)
+LAYOUTS = [
+    ("llama", 2, 2, 1),
+    ("qwen2", 1, 2, 1),
+    ("qwen3", 4, 2, 1),
+    ("llama", 2, 1, 2),
+    ("qwen2", 1, 2, 2),
+]
 
 
-def _kv_bytes(model: str, tp: int) -> int:
+def _kv_bytes(model: str, tp: int, pp: int) -> int:
     import json
     import pathlib
 
     config = json.loads((pathlib.Path(model) / "config.json").read_text())
     head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = max(1, config["num_key_value_heads"] // tp)
-    per_token = 2 * config["num_hidden_layers"] * kv_heads * head * 4  # float32 keys and values
+    layers = -(-config["num_hidden_layers"] // pp)
+    per_token = 2 * layers * kv_heads * head * 4  # float32 keys and values
     return NUM_KV_BLOCKS * BLOCK_SIZE * per_token
 
 
-def _engine(model: str, tp: int) -> LLM:
+def _engine(model: str, tp: int, pp: int = 1) -> LLM:
     return LLM(
         model,
         device="cpu",
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         max_model_len=128,
         max_num_batched_tokens=40,  # prompts of 50+ tokens are computed in chunks
         max_num_seqs=6,
-        kv_cache_memory_bytes=_kv_bytes(model, tp),
-        async_scheduling=True,
+        kv_cache_memory_bytes=_kv_bytes(model, tp, pp),
+        async_scheduling=pp == 1,  # the first pipeline stage needs each step's tokens on the host
     )
 
 
@@ -48,13 +61,22 @@ def _run(llm: LLM) -> list[list[list[int]]]:
     return [[c.token_ids for c in out.outputs] for out in outputs]
 
 
-@pytest.mark.parametrize(("arch", "kv_heads"), MODELS)
-def test_tp2_matches_one_rank(tmp_path, arch, kv_heads):
+@pytest.mark.parametrize(("arch", "kv_heads", "tp", "pp"), LAYOUTS)
+def test_parallel_matches_one_rank(tmp_path, caplog, arch, kv_heads, tp, pp):
     model = str(make_tiny_model(tmp_path / arch, arch, num_kv_heads=kv_heads))
-    expected = _run(_engine(model, 1))
-    llm = _engine(model, 2)
+    one_rank = _engine(model, 1)
+    expected = _run(one_rank)
+    with caplog.at_level(logging.INFO, logger="brisk.engine.engine"):
+        llm = _engine(model, tp, pp)
     try:
+        # the start-up arithmetic: each rank holds about half the weights (or less) and plans its own KV cache
+        assert f"= {NUM_KV_BLOCKS * BLOCK_SIZE} tokens" in caplog.text and f"({tp * pp} ranks)" in caplog.text
+        assert llm.engine.model_runner.weight_bytes() < 0.6 * one_rank.engine.model_runner.weight_bytes()
+        in_flight = []  # batches already in flight each time one is launched
+        launch = llm.engine._launch
+        llm.engine._launch = lambda: in_flight.append(len(llm.engine._pipeline)) or launch()
         assert _run(llm) == expected
+        assert max(in_flight) == pp - 1  # with pipeline stages, one batch per stage in flight
         stats = llm.engine.get_stats()
         assert llm.engine.scheduler.num_preemptions > 0
         assert stats.prefix_cache_hits > 0

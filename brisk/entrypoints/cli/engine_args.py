@@ -10,7 +10,15 @@ import argparse
 import json
 import re
 
-PARALLEL_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "distributed_executor_backend")
+PARALLEL_FLAGS = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "distributed_executor_backend",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+)
 
 # The EngineArgs fields these flags set, in the order they are passed on.
 ENGINE_FLAGS = (
@@ -170,14 +178,29 @@ def add_parallel_arguments(group) -> None:
         "-pp",
         type=positive_int,
         default=None,
-        help="Pipeline-parallel stages (default: 1; more is not implemented yet).",
+        help="Pipeline stages, each owning contiguous layers (default: 1).",
     )
     group.add_argument(
         "--distributed-executor-backend",
-        choices=("uni", "mp"),
+        choices=("uni", "mp", "ray"),
         default=None,
-        help="uni: one rank in the engine's process; mp: one worker process per rank (default: uni for one rank, "
-        "mp for more).",
+        help="uni: one rank in the engine's process; mp: one worker process per rank; ray: one Ray actor per rank "
+        "on the Ray cluster (default: uni for one rank, mp for more).",
+    )
+    group.add_argument("--nnodes", type=positive_int, default=None, help="Machines the ranks span (default: 1).")
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        help="This machine's index: 0 runs the engine (and serves), the others only their ranks (default: 0).",
+    )
+    group.add_argument("--master-addr", default=None, help="Node 0's address (default: 127.0.0.1).")
+    group.add_argument(
+        "--master-port",
+        type=positive_int,
+        default=None,
+        help="Node 0's port for torch.distributed; the next port carries the engine's commands (default: 29500 "
+        "with --nnodes > 1).",
     )
 
 

@@ -234,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
     from brisk.entrypoints.openai.server import run_server
 
     engine_args, server_config = build_configs(args)
+    if engine_args.node_rank > 0:  # another machine's ranks: no server here
+        from brisk.executor.worker_node import run_worker_node
+
+        return run_worker_node(engine_args)
     try:
         return run_server(
             engine_args,
