@@ -120,8 +120,8 @@ class LLMEngine:
         with self._startup_phase("KV cache"):
             num_blocks = self._plan_kv_cache()
             self.model_runner.allocate_kv_cache(num_blocks)
-            if self.model_runner.drafter is not None:
-                self.model_runner.drafter.allocate_kv_cache(num_blocks)
+            if self.drafter is not None:
+                self.drafter.allocate_kv_cache(num_blocks)
         with self._startup_phase("step buffers and CUDA graphs"):
             self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
         self._new_scheduler(num_blocks)
@@ -213,6 +213,7 @@ class LLMEngine:
     def _make_proposer(self):
         """The speculative-decoding proposer, if any; a draft model also joins the model runner."""
         config = self.speculative_config
+        self.drafter = None  # a draft model (one rank only: the workers of several ranks run none yet)
         if config is None:
             return None
         if config.method == "ngram":
@@ -223,13 +224,13 @@ class LLMEngine:
         drafter = DraftModelProposer(
             config, self.model_config, self.device, args.block_size, self.attention_backend, args.load_format, args.seed
         )
-        self.model_runner.drafter = drafter
+        self.model_runner.drafter = self.drafter = drafter
         return drafter
 
     def _plan_kv_cache(self) -> int:
         args = self.args
         per_block = self.model_runner.kv_cache_bytes_per_block()
-        drafter = getattr(self.model_runner, "drafter", None)  # worker processes run no draft model (yet)
+        drafter = self.drafter
         if drafter is not None:  # one block table addresses both caches: a block costs the sum
             per_block += drafter.kv_cache_bytes_per_block()
         if args.kv_cache_memory_bytes is not None:
