@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import started_together
 
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
@@ -22,9 +22,8 @@ CHECKS = (
 @pytest.fixture(scope="module")
 def open_server(tiny_model_dir):
     """No API key (the fuzzer should reach the handlers), generation bounded to 16 tokens."""
-    server = ServerProcess(tiny_model_dir, "--max-tokens-limit", "16", "--max-n", "4", api_key=None)
-    yield server
-    server.stop()
+    with started_together(tiny_model_dir, ("--max-tokens-limit", "16", "--max-n", "4")) as (server,):
+        yield server
 
 
 def test_document_lists_what_the_server_returns(open_server):
