@@ -42,7 +42,7 @@ def test_document_lists_what_the_server_returns(open_server):
     assert len(doc["components"]["schemas"]["TokenizeRequest"]["oneOf"]) == 2  # {}: 400
 
 
-def test_schemathesis_finds_nothing(open_server):
+def test_schemathesis_finds_nothing(open_server, tmp_path):
     """About a minute and a half on 2 CPU cores: every route, coverage and fuzzing phases, fixed seed."""
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{open_server.url}/openapi.json",
@@ -55,7 +55,8 @@ def test_schemathesis_finds_nothing(open_server):
         "--seed", "0",
         "--request-timeout", "30",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    # In a folder of its own: schemathesis leaves a .schemathesis/ folder where it runs.
+    result = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert open_server.proc.poll() is None
     assert "Traceback" not in open_server.logs()
