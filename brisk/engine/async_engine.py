@@ -74,7 +74,7 @@ class EngineDeadError(EngineError):
 
 
 class EngineStalledError(EngineError):
-    """The engine has requests to serve but has completed no step for longer than its stall timeout."""
+    """The engine has requests to serve but has sent no heartbeat, or completed no step, within its timeouts."""
 
 
 class QueueFullError(RuntimeError):
@@ -489,7 +489,8 @@ class AsyncLLM:
                 if kind == core_process.HEARTBEAT:
                     continue
                 if kind == core_process.STEP:
-                    self._last_step = self._last_heartbeat
+                    if message[3]:  # a step was run (not only commands handled)
+                        self._last_step = self._last_heartbeat
                     self._on_step(message[1], message[2], message[3])
                 elif kind == core_process.DEAD:
                     self._error = f"loop died ({message[1]})"

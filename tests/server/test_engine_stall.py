@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess, engine_pid
+from tests.server.conftest import engine_pid, started_together
 
 STALL_TIMEOUT = 3.0
 REQUEST_TIMEOUT = 8.0
@@ -24,14 +24,9 @@ LONG = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    proc = ServerProcess(
-        tiny_model_dir,
-        "--engine-stall-timeout", str(STALL_TIMEOUT),
-        "--request-timeout", str(REQUEST_TIMEOUT),
-        api_key=None,
-    )  # fmt: skip
-    yield proc
-    proc.stop()
+    flags = ("--engine-stall-timeout", str(STALL_TIMEOUT), "--request-timeout", str(REQUEST_TIMEOUT))
+    with started_together(tiny_model_dir, flags) as (server,):
+        yield server
 
 
 def test_frozen_engine_is_unhealthy_and_requests_end(server):

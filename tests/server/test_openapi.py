@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import started_together
 
 CHECKS = (
     "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,"
@@ -22,9 +22,8 @@ CHECKS = (
 @pytest.fixture(scope="module")
 def open_server(tiny_model_dir):
     """No API key (the fuzzer should reach the handlers), generation bounded to 16 tokens."""
-    server = ServerProcess(tiny_model_dir, "--max-tokens-limit", "16", "--max-n", "4", api_key=None)
-    yield server
-    server.stop()
+    with started_together(tiny_model_dir, ("--max-tokens-limit", "16", "--max-n", "4")) as (server,):
+        yield server
 
 
 def test_document_lists_what_the_server_returns(open_server):
@@ -43,7 +42,7 @@ def test_document_lists_what_the_server_returns(open_server):
     assert len(doc["components"]["schemas"]["TokenizeRequest"]["oneOf"]) == 2  # {}: 400
 
 
-def test_schemathesis_finds_nothing(open_server):
+def test_schemathesis_finds_nothing(open_server, tmp_path):
     """About a minute and a half on 2 CPU cores: every route, coverage and fuzzing phases, fixed seed."""
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{open_server.url}/openapi.json",
@@ -56,7 +55,8 @@ def test_schemathesis_finds_nothing(open_server):
         "--seed", "0",
         "--request-timeout", "30",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    # In a folder of its own: schemathesis leaves a .schemathesis/ folder where it runs.
+    result = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert open_server.proc.poll() is None
     assert "Traceback" not in open_server.logs()

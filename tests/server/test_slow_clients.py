@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import ServerProcess, started_together
 
 CAP = 20
 HEADER_TIMEOUT = 2.0
@@ -19,15 +19,10 @@ BODY_TIMEOUT = 2.0
 
 @pytest.fixture(scope="module")
 def guarded(tiny_model_dir):
-    server = ServerProcess(
-        tiny_model_dir,
-        "--limit-concurrency", str(CAP),
-        "--header-timeout", str(HEADER_TIMEOUT),
-        "--body-timeout", str(BODY_TIMEOUT),
-        api_key=None,
-    )  # fmt: skip
-    yield server
-    server.stop()
+    flags = ("--limit-concurrency", str(CAP), "--header-timeout", str(HEADER_TIMEOUT))
+    flags += ("--body-timeout", str(BODY_TIMEOUT))
+    with started_together(tiny_model_dir, flags) as (server,):
+        yield server
 
 
 def _open(server: ServerProcess, first_bytes: bytes) -> socket.socket:

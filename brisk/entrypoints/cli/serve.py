@@ -98,39 +98,28 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"Most open connections (default: {DEFAULTS.limit_concurrency}; 0: no limit). Beyond it a new "
         "connection replaces the one waiting longest for its request headers, or gets 503.",
     )
-    g.add_argument(
-        "--header-timeout",
-        type=positive_float,
-        default=DEFAULTS.header_timeout,
-        help=f"Seconds a connection has to send its request headers (default: {DEFAULTS.header_timeout:g}).",
-    )
-    g.add_argument(
-        "--body-timeout",
-        type=positive_float,
-        default=DEFAULTS.body_timeout,
-        help=f"Seconds a request has to send its body, after its headers (default: {DEFAULTS.body_timeout:g}).",
-    )
-    g.add_argument(
-        "--engine-stall-timeout",
-        type=float,
-        default=DEFAULTS.engine_stall_timeout,
-        help="Seconds the engine process may go without a heartbeat (it sends one a second, even in a long "
-        "step) while requests wait on it, before /health answers 503 and new requests are refused (default: "
-        f"{DEFAULTS.engine_stall_timeout:g}; 0: never).",
-    )
-    g.add_argument(
-        "--engine-step-timeout",
-        type=float,
-        default=DEFAULTS.engine_step_timeout,
-        help="Seconds the engine may go without completing a step while requests wait on it, before /health "
-        f"answers 503 (default: {DEFAULTS.engine_step_timeout:g}; 0: never).",
-    )
-    g.add_argument(
-        "--request-timeout",
-        type=positive_float,
-        default=None,
-        help="Seconds a request may take in all before it is ended with an error (default: no limit).",
-    )
+    # Timeouts in seconds: (flag, type, what it bounds; its default is ServerConfig's).
+    timeouts = [
+        ("--header-timeout", positive_float, "Seconds a connection has to send its request headers"),
+        ("--body-timeout", positive_float, "Seconds a request has to send its body, after its headers"),
+        (
+            "--engine-stall-timeout",
+            float,
+            "Seconds the engine process may go without a heartbeat (it sends one a second, even in a long step) "
+            "while requests wait on it, before /health answers 503 and new requests are refused",
+        ),
+        (
+            "--engine-step-timeout",
+            float,
+            "Seconds the engine may go without completing a step while requests wait on it, before /health "
+            "answers 503",
+        ),
+        ("--request-timeout", positive_float, "Seconds a request may take in all before it is ended with an error"),
+    ]
+    for flag, kind, what in timeouts:
+        default = getattr(DEFAULTS, flag[2:].replace("-", "_"))
+        shown = "no limit" if default is None else f"{default:g}" + ("; 0: never" if kind is float else "")
+        g.add_argument(flag, type=kind, default=default, help=f"{what} (default: {shown}).")
     g.add_argument(
         "--uvicorn-log-level",
         default="info",

@@ -49,6 +49,7 @@ from brisk.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 
 logger = logging.getLogger("brisk.server")
 
+
 def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Cancel a (non-streaming) handler when its client disconnects, so the engine request is aborted instead
     of computed for nobody. Streaming responses get the same from Starlette once they have started."""
