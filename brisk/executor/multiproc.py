@@ -85,8 +85,7 @@ def start_workers(spec: WorkerSpec, ranks: range, with_pipes: bool):
     """Start one process per rank of ``ranks`` (this machine's). With pipes (node 0) returns the processes, the
     engine's ends of their pipes and their shared step counters; without (another node) they connect to the
     engine themselves, and only the processes are returned (with empty lists)."""
-    # CPU workers fork (they inherit the imported modules: seconds less per rank); CUDA cannot be forked.
-    context = get_context("spawn" if spec.device_type == "cuda" else "fork")
+    context = _worker_context(spec.device_type)
     steps_taken = context.Array("q", len(ranks), lock=False) if with_pipes else None
     processes: list[BaseProcess] = []
     conns: list[Connection] = []
@@ -107,6 +106,17 @@ def start_workers(spec: WorkerSpec, ranks: range, with_pipes: bool):
             child.close()
         processes.append(process)
     return processes, conns, steps_taken
+
+
+def _worker_context(device_type: str):
+    """CUDA workers are spawned (CUDA cannot be forked). CPU workers fork from a forkserver that has imported the
+    worker's modules once (seconds less per rank), and that never ran a torch op: a child forked from a process
+    whose OpenMP thread pool ran hangs in its first parallel region."""
+    if device_type == "cuda":
+        return get_context("spawn")
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["brisk.executor.worker_process", "transformers"])
+    return context
 
 
 def worker_timeout_s() -> float:
@@ -149,7 +159,6 @@ class MultiprocExecutor:
         if master_port is None:
             master_port = _free_port() if nnodes == 1 else DEFAULT_MASTER_PORT
         spec = WorkerSpec(
-            driver_pid=os.getpid(),
             rank=0,
             local_rank=0,
             tp_size=tensor_parallel_size,

@@ -61,7 +61,7 @@ class RayRanks:
     def start(self, spec: WorkerSpec, driver_address: tuple[str, int]) -> None:
         """Every actor becomes its rank (one GPU each: Ray shows it to the actor as device 0)."""
         for rank, actor in enumerate(self.actors):
-            rank_spec = dataclasses.replace(spec, rank=rank, local_rank=0, driver_pid=None)
+            rank_spec = dataclasses.replace(spec, rank=rank, local_rank=0, watch_parent=False)
             rank_spec.init_method, rank_spec.driver_address = self.rendezvous, driver_address
             self._runs.append(actor.run.remote(rank_spec))
 

@@ -4,7 +4,6 @@ node 0, and wait until they end (when the engine stops, or fails)."""
 from __future__ import annotations
 
 import logging
-import os
 
 from brisk.config import EngineArgs, ModelConfig, preferred_dtype, read_hf_config, resolve_device, resolve_dtype
 from brisk.executor import check_parallel_layout, runner_args
@@ -29,7 +28,6 @@ def run_worker_node(args: EngineArgs) -> int:
     check_parallel_layout(args, model_config, device)
     port = args.master_port or DEFAULT_MASTER_PORT
     spec = WorkerSpec(
-        driver_pid=os.getpid(),
         rank=0,
         local_rank=0,
         tp_size=args.tensor_parallel_size,

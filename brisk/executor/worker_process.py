@@ -64,7 +64,6 @@ def _init_groups(rank: int, tp_size: int, pp_size: int) -> None:
 class WorkerSpec:
     """What one worker process needs to become its rank (picklable: CUDA workers are spawned)."""
 
-    driver_pid: int | None  # the process that started this one (engine, node launcher); None: a Ray actor
     rank: int
     local_rank: int  # index among this machine's ranks: its GPU
     tp_size: int
@@ -75,12 +74,14 @@ class WorkerSpec:
     runner_args: dict
     timeout_s: float
     driver_address: tuple[str, int] | None = None  # another node's rank: connect here instead of using a pipe
+    watch_parent: bool = True  # exit when the parent process goes (not for Ray actors, whose parent is Ray's)
 
 
 def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
     """``conn``: this rank's pipe to the engine (None on another node: it connects to ``spec.driver_address``);
     ``steps_taken``: shared step counters of this node's ranks (None on another node)."""
     rank, tp_size, pp_size = spec.rank, spec.tp_size, spec.pp_size
+    parent_pid = os.getppid() if spec.watch_parent else None
     if conn is None:
         conn = connect_to_driver(*spec.driver_address, rank, spec.timeout_s)
     try:
@@ -105,7 +106,7 @@ def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
         return
     conn.send(("ok", None))
     try:
-        _serve(runner, conn, rank, device, spec.driver_pid, steps_taken)
+        _serve(runner, conn, rank, device, parent_pid, steps_taken)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the driver is gone
     finally:
@@ -113,16 +114,17 @@ def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
             torch.distributed.destroy_process_group()
 
 
-def _wait_for_command(conn: Connection, driver_pid: int | None) -> None:
-    """Block until the driver sends something; exit when the driver is gone (a forked sibling may hold a copy of
-    the driver's end of this pipe, so its end of file cannot be relied on)."""
+def _wait_for_command(conn: Connection, parent_pid: int | None) -> None:
+    """Block until the driver sends something; exit when this process's parent is gone (the driver, or the
+    forkserver that exits with it: a sibling may hold a copy of the driver's end of this pipe, so its end of file
+    cannot be relied on)."""
     while not conn.poll(1.0):
-        if driver_pid is not None and os.getppid() != driver_pid:
+        if parent_pid is not None and os.getppid() != parent_pid:
             raise EOFError("the driver process is gone")
 
 
 def _serve(
-    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, driver_pid: int | None, steps_taken
+    runner: ModelRunner, conn: Connection, rank: int, device: torch.device, parent_pid: int | None, steps_taken
 ) -> None:
     """``steps_taken[rank]`` counts the steps read from the pipe (the driver reads it to name a rank that hangs).
     Rank 0 of the last stage reports each step's sampled tokens."""
@@ -134,7 +136,7 @@ def _serve(
         if pending is not None and not conn.poll(0):
             conn.send(("step", pending.result()))
             pending = None
-        _wait_for_command(conn, driver_pid)
+        _wait_for_command(conn, parent_pid)
         kind, payload = pickle.loads(conn.recv_bytes())
         try:
             if kind == "shutdown":

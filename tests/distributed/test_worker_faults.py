@@ -45,9 +45,9 @@ def test_killed_worker_is_named(tiny_llama):
     assert not any(p.is_alive() for p in llm.engine.model_runner._processes)
 
 
-def test_hung_worker_is_named(tiny_llama, monkeypatch):
-    monkeypatch.setenv("BRISK_WORKER_TIMEOUT_S", "3")
+def test_hung_worker_is_named(tiny_llama):
     llm = _tp2(tiny_llama)
+    llm.engine.model_runner.timeout_s = 3  # BRISK_WORKER_TIMEOUT_S, after a start-up that may take longer
     llm.engine.add_request("a", [5, 6, 7, 8], LONG)
     llm.engine.step()
     victim = llm.engine.model_runner._processes[1]
@@ -88,7 +88,8 @@ def test_serve_tp2(tiny_llama):
         assert r.choices[0].text == expected.outputs[0].text
 
         (engine_pid,) = _children(server.proc.pid)
-        workers = _children(engine_pid)
+        (forkserver_pid,) = _children(engine_pid)  # CPU workers are forked from a forkserver
+        workers = _children(forkserver_pid)
         assert len(workers) == 2
         stream = client.completions.create(
             model=MODEL_NAME, prompt="Once upon", max_tokens=400, temperature=0, stream=True,

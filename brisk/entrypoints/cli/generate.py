@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     # Every flag is checked before anything loads.
     params = common.sampling_params_from_args(args)
     engine_args = common.engine_args_from_args(args)
+    if engine_args.node_rank > 0:  # another machine's ranks: the prompt is node 0's
+        from brisk.executor.worker_node import run_worker_node
+
+        return run_worker_node(engine_args)
     if args.raw and args.system is not None:
         raise ValueError("--system needs the chat template: it cannot be combined with --raw.")
     prompt = read_prompt(args.prompt)
