@@ -90,3 +90,53 @@ def test_fuzz_speculative_rollback(seed):
         limit = min(request.sampling_params.max_tokens, max_model_len - request.num_prompt_tokens)
         assert request.num_output_tokens == limit
         assert request.output_token_ids == [model_token(request, i) for i in range(limit)]
+
+
+def kv_states_by_length(llm, prompt, params) -> tuple[dict[int, tuple], Request]:
+    """Run one request step by step; after each step, keyed by its token count: computed tokens, its blocks'
+    hashes and refcounts, the prefix cache's hashes and the blocks in use."""
+    engine = llm.engine
+    kv = engine.kv_cache_manager
+    engine.add_request("r", prompt, params, stream=True)
+    request = engine.scheduler.requests["r"]
+    states = {}
+    while engine.has_unfinished_requests():
+        engine.step()
+        if not request.is_finished:
+            blocks = kv.req_to_blocks["r"]
+            states[request.num_tokens] = (
+                request.num_computed_tokens,
+                [(b.block_hash, b.ref_cnt) for b in blocks],
+                sorted(kv.pool.cached),
+                kv.pool.num_blocks - kv.num_free_blocks,  # blocks in use (a draft halves the cache)
+            )
+    return states, request
+
+
+@pytest.mark.parametrize("num_layers", [2, 1], ids=["own-draft", "truncated-draft"])
+def test_engine_kv_state_equals_the_plain_run(tiny_llama, tmp_path, num_layers):
+    """The real engine (tiny llama, prefix caching, a cached prefix): after every speculative step, the request's
+    KV state (computed tokens, block hashes and refcounts, the prefix cache, blocks in use) equals the plain run's
+    at the same token count (the plain run passes through every count). Drafts: the target itself (all
+    accepted) or the target cut to one layer (mostly rejected)."""
+    from brisk import LLM, SamplingParams
+    from tests.engine.test_equivalence import prompts_with_shared_prefix
+    from tests.spec_decode.test_draft_model import truncated_copy
+
+    draft = tiny_llama if num_layers == 2 else truncated_copy(tiny_llama, tmp_path / "draft", num_layers)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    runs = []
+    for spec in (None, config):
+        llm = LLM(tiny_llama, device="cpu", block_size=8, max_model_len=256, speculative_config=spec)
+        prompt = prompts_with_shared_prefix(llm.get_tokenizer(), count=2)[1]
+        llm.generate([prompt[:40]], params, use_tqdm=False)  # leaves cached blocks behind
+        runs.append(kv_states_by_length(llm, prompt, params))
+    (plain, _), (speculative, request) = runs
+    assert request.num_draft_tokens > 0
+    if num_layers == 2:
+        assert request.num_accepted_tokens == request.num_draft_tokens and len(speculative) < len(plain) / 3
+    else:
+        assert request.num_accepted_tokens < request.num_draft_tokens
+    for num_tokens, state in speculative.items():
+        assert state == plain[num_tokens], num_tokens
