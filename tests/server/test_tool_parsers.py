@@ -79,3 +79,18 @@ def test_reasoning_split_whole_and_streamed(name, text, reasoning, content):
         r, c = stream.delta(text[:end], finished=end == len(text))
         got_reasoning, got_content = got_reasoning + r, got_content + c
     assert (got_reasoning or None, got_content or None) == (reasoning, content)
+
+
+def test_hermes_reads_bare_json_calls():
+    """Qwen2.5-Coder answers under the hermes template with the call's JSON alone, without the tags."""
+    text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    whole = TOOL_PARSERS["hermes"]().extract(text)
+    assert whole.content is None and [(c.name, json.loads(c.arguments)) for c in whole.tool_calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    parser, calls, content = TOOL_PARSERS["hermes"](), [], ""
+    for end in range(1, len(text) + 1):
+        delta = parser.stream(text[:end], end == len(text))
+        calls, content = calls + delta.tool_calls, content + delta.content
+    assert content == "" and [c.name for c in calls] == ["get_weather"]
+    assert TOOL_PARSERS["hermes"]().extract('{"a": 1}').content == '{"a": 1}'  # JSON that is no call is content

@@ -49,6 +49,25 @@ def call_from_json(obj: Any, arguments_keys: tuple[str, ...] = ("arguments", "pa
     return ParsedToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
 
 
+def bare_json_calls(body: str) -> list[ParsedToolCall]:
+    """``body`` as JSON call objects alone, separated by whitespace or ``;``; empty when it is anything else."""
+    decoder = json.JSONDecoder()
+    calls, pos = [], 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except ValueError:
+            return []
+        call = call_from_json(obj)
+        if call is None:
+            return []
+        calls.append(call)
+        pos = end
+        while pos < len(body) and body[pos] in " \n\t\r;":
+            pos += 1
+    return calls
+
+
 class ToolParser:
     """Subclasses implement :meth:`extract` (whole text) and :meth:`start` (where tool calls begin, or -1)."""
 

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
-
-from brisk.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ToolParser, call_from_json
+from brisk.entrypoints.openai.tool_parsers.base import ExtractedToolCalls, ToolParser, bare_json_calls
 
 _TAG = "<|python_tag|>"
 
@@ -24,22 +22,8 @@ class Llama3JsonToolParser(ToolParser):
         begin = self.start(text)
         if begin < 0:
             return ExtractedToolCalls(text, [])
-        body = text[begin:].removeprefix(_TAG).strip()
-        decoder = json.JSONDecoder()
-        calls, pos = [], 0
-        while pos < len(body):
-            try:
-                obj, end = decoder.raw_decode(body, pos)
-            except ValueError:
-                break
-            call = call_from_json(obj)
-            if call is None:
-                break
-            calls.append(call)
-            pos = end
-            while pos < len(body) and body[pos] in " \n\t;":
-                pos += 1
-        if not calls or (pos < len(body) and body[pos:].strip()):  # not JSON calls alone: plain content
+        calls = bare_json_calls(text[begin:].removeprefix(_TAG).strip())
+        if not calls:  # not JSON calls alone: plain content
             return ExtractedToolCalls(text, [])
         return ExtractedToolCalls(None, calls)
 
