@@ -11,17 +11,11 @@ import json
 import pytest
 import torch
 
-from brisk.loader.resolve import KNOWN_MODELS, locate_known, resolve_model
+from brisk.loader.resolve import resolve_model
+from tests.real_models import installed
 
-QWEN = KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"]
-
-try:
-    locate_known(QWEN)
-    _missing = None
-except FileNotFoundError:
-    _missing = f"Qwen2.5-Coder-0.5B part packages are not installed ({QWEN.pip_install})"
-
-pytestmark = pytest.mark.skipif(_missing is not None, reason=_missing or "")
+QWEN, skip_unless_installed = installed("qwen2.5-coder-0.5b-instruct")
+pytestmark = skip_unless_installed
 
 
 @pytest.fixture(scope="module")

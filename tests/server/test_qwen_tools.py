@@ -8,16 +8,11 @@ import json
 import openai
 import pytest
 
-from brisk.loader.resolve import KNOWN_MODELS, locate_known
+from tests.real_models import installed
 from tests.server.conftest import MODEL_NAME, ServerProcess
 
-QWEN = KNOWN_MODELS["qwen2.5-coder-0.5b-instruct"]
-try:
-    locate_known(QWEN)
-    _missing = None
-except FileNotFoundError:
-    _missing = f"Qwen2.5-Coder-0.5B part packages are not installed ({QWEN.pip_install})"
-pytestmark = pytest.mark.skipif(_missing is not None, reason=_missing or "")
+QWEN, skip_unless_installed = installed("qwen2.5-coder-0.5b-instruct")
+pytestmark = skip_unless_installed
 
 TOOLS = [
     {
