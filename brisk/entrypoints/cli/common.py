@@ -107,6 +107,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
     )
+    g.add_argument(
+        "--quantization",
+        default=None,
+        help="fp8 (quantize the weights while loading), or the checkpoint's format (default: its quantization_config).",
+    )
+    g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8 (default: auto).")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
     g.add_argument(
         "--verbose",
@@ -205,6 +211,8 @@ def engine_args_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine_args.validate()
     return engine_args
