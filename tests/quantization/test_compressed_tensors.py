@@ -25,7 +25,12 @@ SCHEMES = {
     "w4a16-g32": ("W4A16", {"group_size": 32}),  # pack-quantized, 8 values an int32
     "w4a16-g64-asym": ("W4A16_ASYM", {"group_size": 64}),  # + packed zero points
     "w4a16-channel": ("W4A16", {"strategy": "channel", "group_size": None}),
-    "nvfp4a16": ("NVFP4A16", {}),  # nvfp4-pack-quantized: FP4 values, FP8 group scales, global scales
+    "nvfp4a16": ("NVFP4A16", {}),
+    # the down projections left unquantized by a regex in the ignore list
+    "w4a16-g32-ignore-down": (
+        "W4A16",
+        {"group_size": 32, "ignore": ("re:.*mlp.down_proj",)},
+    ),  # nvfp4-pack-quantized: FP4 values, FP8 group scales, global scales
 }
 
 
