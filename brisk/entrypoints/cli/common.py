@@ -172,6 +172,7 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
         resolve_device,
         resolve_dtype,
     )
+    from brisk.layers.quantization.kv_cache import resolve_kv_cache_dtype
     from brisk.loader.resolve import resolve_model
 
     device = resolve_device(engine_args.device)
@@ -182,7 +183,8 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
     dtype = resolve_dtype(engine_args.dtype, hf_config, device)
     config = ModelConfig.from_hf_config(path, hf_config, dtype, engine_args.max_model_len)
     block = engine_args.block_size
-    needed = (-(-config.max_model_len // block) + 1) * block * config.kv_bytes_per_token(dtype)
+    kv_dtype = resolve_kv_cache_dtype(engine_args.kv_cache_dtype) or dtype
+    needed = (-(-config.max_model_len // block) + 1) * block * config.kv_bytes_per_token(kv_dtype)
     return needed if needed < DEFAULT_CPU_KV_CACHE_BYTES else None
 
 
