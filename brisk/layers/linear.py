@@ -34,6 +34,15 @@ def _stored_rows(param: nn.Parameter, dim: int, logical: int) -> int:
     return logical
 
 
+def _load_rank_slice(param: nn.Parameter, loaded: torch.Tensor, dim: int) -> None:
+    """This rank's slice along ``dim`` of a checkpoint tensor that holds every rank's (sharded along ``dim``)."""
+    size = param.shape[dim]
+    expected = list(param.shape)
+    expected[dim] = size * get_tp_size()
+    check_loaded_shape(loaded, expected)
+    param.data.copy_(loaded.narrow(dim, get_tp_rank() * size, size))
+
+
 def _load_shard_entry(param: nn.Parameter, loaded: torch.Tensor, index: int) -> None:
     """A per-tensor value of one fused projection (its own scale, its weight's shape) into entry ``index``."""
     entry = param.data[index]
@@ -122,12 +131,8 @@ class ColumnParallelLinear(LinearBase):
         dim = getattr(param, "output_dim", None)
         if dim is None:
             super().weight_loader(param, loaded, shard_id)
-            return
-        size = param.shape[dim]
-        expected = list(param.shape)
-        expected[dim] = size * get_tp_size()
-        check_loaded_shape(loaded, expected)
-        param.data.copy_(loaded.narrow(dim, get_tp_rank() * size, size))
+        else:
+            _load_rank_slice(param, loaded, dim)
 
     def _load_fused_shard(
         self, param: nn.Parameter, loaded: torch.Tensor, index: int, rows: int, start: int, total: int
@@ -227,12 +232,8 @@ class RowParallelLinear(LinearBase):
         dim = getattr(param, "input_dim", None)
         if dim is None:  # the bias (added once, after the reduction), per-tensor scales
             super().weight_loader(param, loaded, shard_id)
-            return
-        size = param.shape[dim]
-        expected = list(param.shape)
-        expected[dim] = size * get_tp_size()
-        check_loaded_shape(loaded, expected)
-        param.data.copy_(loaded.narrow(dim, get_tp_rank() * size, size))
+        else:
+            _load_rank_slice(param, loaded, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if get_tp_size() == 1:

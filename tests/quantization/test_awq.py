@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from brisk import LLM, SamplingParams
 from tests.quantization.ct_checkpoints import library_reference_model
+from tests.quantization.dequantized import assert_weights_equal
 
 GROUP = 32
 AWQ_NIBBLE_OF_COLUMN = (0, 4, 1, 5, 2, 6, 3, 7)  # AutoAWQ's pack order: column c goes to nibble [c]
@@ -103,17 +104,7 @@ def test_weights_equal_the_library_dequantization(awq_pair):
             zero = unpack_from_int32(zero, 4, [shape[0], scale.shape[1]], packed_dim=0)
         return dequantize(q, scale, zero, args=args, dtype=torch.float32)
 
-    layers = LLM(awq, device="cpu", kv_cache_memory_bytes=1 << 22).engine.model_runner.model.model.layers
-    for i, layer in enumerate(layers):
-        parts = {
-            layer.self_attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-            layer.self_attn.o_proj: ["self_attn.o_proj"],
-            layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
-            layer.mlp.down_proj: ["mlp.down_proj"],
-        }
-        for linear, names in parts.items():
-            expected = torch.cat([library(f"model.layers.{i}.{n}") for n in names])
-            assert torch.equal(linear.quant_method.dequantized_weight(linear), expected)
+    assert_weights_equal(LLM(awq, device="cpu", kv_cache_memory_bytes=1 << 22), library)
 
 
 def test_greedy_matches_library_reference(awq_pair, tiny_llama):

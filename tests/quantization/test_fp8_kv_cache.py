@@ -17,10 +17,11 @@ from brisk.layers.attention.triton_kernels import _round_to_e4m3
 from brisk.layers.quantization.fp8_utils import FP8_DTYPE
 from brisk.layers.quantization.kv_cache import quantize_kv
 from brisk.layers.rotary import RotaryEmbedding
-from tests.engine.test_equivalence import GREEDY, prompts_with_shared_prefix, token_ids
+from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
 from tests.layers.test_triton_attention import make_batch
 from tests.quantization.test_fp8_online import _prompt_logprobs
 
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 SEQS = [(40, 40), (37, 5), (70, 1), (19, 3)]  # (context, query): a prompt, chunks after cached tokens, a decode
 
 

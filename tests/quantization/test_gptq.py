@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from brisk import LLM, SamplingParams
+from tests.quantization.dequantized import assert_weights_equal
 from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
@@ -22,17 +23,7 @@ CASES = {  # (bits, group_size, desc_act, sym, checkpoint_format)
 def test_matches_the_dequantized_model(tiny_llama, tmp_path, case):
     folder, dequantized = make_gptq_checkpoint(tiny_llama, tmp_path / "m", *CASES[case])
     llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
-    layers = llm.engine.model_runner.model.model.layers
-    for i, layer in enumerate(layers):
-        parts = {
-            layer.self_attn.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
-            layer.self_attn.o_proj: ["self_attn.o_proj"],
-            layer.mlp.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
-            layer.mlp.down_proj: ["mlp.down_proj"],
-        }
-        for linear, names in parts.items():
-            expected = torch.cat([dequantized[f"model.layers.{i}.{n}"] for n in names])
-            assert torch.equal(linear.quant_method.dequantized_weight(linear), expected)
+    assert_weights_equal(llm, dequantized.__getitem__)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
     state = model.state_dict()

@@ -123,6 +123,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="KV-cache size, e.g. 512MiB (default: on CPU, what one sequence of --max-model-len needs).",
     )
+    g.add_argument(
+        "--quantization",
+        default=None,
+        help="fp8 (quantize the weights while loading), or the checkpoint's format (default: its quantization_config).",
+    )
+    g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8 (default: auto).")
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
     add_speculative_arguments(g)
     add_parallel_arguments(g)
@@ -184,6 +190,7 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
         resolve_device,
         resolve_dtype,
     )
+    from brisk.layers.quantization.kv_cache import resolve_kv_cache_dtype
     from brisk.loader.resolve import resolve_model
 
     device = resolve_device(engine_args.device)
@@ -199,7 +206,8 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
     dtype = resolve_dtype(engine_args.dtype, hf_config, device)
     config = ModelConfig.from_hf_config(path, hf_config, dtype, engine_args.max_model_len)
     block = engine_args.block_size
-    needed = (-(-config.max_model_len // block) + 1) * block * config.kv_bytes_per_token(dtype)
+    kv_dtype = resolve_kv_cache_dtype(engine_args.kv_cache_dtype) or dtype
+    needed = (-(-config.max_model_len // block) + 1) * block * config.kv_bytes_per_token(kv_dtype)
     return needed if needed < DEFAULT_CPU_KV_CACHE_BYTES else None
 
 
@@ -232,6 +240,8 @@ def engine_args_from_args(args: argparse.Namespace):
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
         speculative_config=speculative_config(args),
         **{name: getattr(args, name) for name in PARALLEL_FLAGS if getattr(args, name) is not None},
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     engine_args.validate()
     return engine_args

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.linear import set_weight_attrs
-from brisk.layers.quantization.base_config import QuantizationConfig
+from brisk.layers.quantization.base_config import QuantizationConfig, add_param
 
 PACK_FACTOR = 8  # 4-bit values per int32
 # AWQ packs output columns 0..7 of a word in this order (nibble i holds column AWQ_ORDER[i]).
@@ -66,14 +65,10 @@ class AWQLinearMethod:
             raise ValueError(f"AWQ {self.prefix}: output sizes {layer.output_partition_sizes} are not multiples of 8.")
         groups, packed_cols = in_features // group, out_features // PACK_FACTOR
         packed = dict(input_dim=0, output_dim=1, packed_dim=1, packed_factor=PACK_FACTOR)
-        self._add(layer, "qweight", torch.empty(in_features, packed_cols, dtype=torch.int32), **packed)
+        add_param(layer, "qweight", torch.empty(in_features, packed_cols, dtype=torch.int32), **packed)
         if self.config.zero_point:
-            self._add(layer, "qzeros", torch.empty(groups, packed_cols, dtype=torch.int32), **packed)
-        self._add(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
-
-    @staticmethod
-    def _add(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> None:
-        layer.register_parameter(name, set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs))
+            add_param(layer, "qzeros", torch.empty(groups, packed_cols, dtype=torch.int32), **packed)
+        add_param(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Unpacked once into ``[out, in]`` integers and ``[out, groups]`` zero points and scales."""

@@ -9,6 +9,20 @@ from typing import ClassVar, Protocol
 import torch
 from torch import nn
 
+from brisk.layers.linear import set_weight_attrs
+
+
+def add_param(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> nn.Parameter:
+    """Register ``tensor`` as parameter ``name``, tagged for the weight loaders (``set_weight_attrs``)."""
+    param = set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs)
+    layer.register_parameter(name, param)
+    return param
+
+
+def replace_param(layer: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Parameter ``name`` becomes ``tensor`` (the form a method computes with, after loading)."""
+    setattr(layer, name, nn.Parameter(tensor, requires_grad=False))
+
 
 class LinearMethod(Protocol):
     """The hook ``brisk.layers.linear.LinearBase`` calls: make the parameters (each tagged for its weight loader

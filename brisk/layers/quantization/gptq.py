@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.linear import set_weight_attrs
-from brisk.layers.quantization.base_config import QuantizationConfig
+from brisk.layers.quantization.base_config import QuantizationConfig, add_param
 
 SUPPORTED_BITS = (4, 8)
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> offset added to the stored zero points
@@ -76,18 +75,14 @@ class GPTQLinearMethod:
                 f"GPTQ {self.prefix}: sizes must be multiples of {pack} to pack {self.config.bits}-bit values."
             )
         groups = in_features // group
-        self._add(layer, "qweight", torch.empty(in_features // pack, out_features, dtype=torch.int32),
+        add_param(layer, "qweight", torch.empty(in_features // pack, out_features, dtype=torch.int32),
                   input_dim=0, output_dim=1, packed_dim=0, packed_factor=pack)  # fmt: skip
-        self._add(layer, "qzeros", torch.empty(groups, out_features // pack, dtype=torch.int32),
+        add_param(layer, "qzeros", torch.empty(groups, out_features // pack, dtype=torch.int32),
                   input_dim=0, output_dim=1, packed_dim=1, packed_factor=pack)  # fmt: skip
-        self._add(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
+        add_param(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
         # One g_idx per fused part (q, k, v see the same inputs, so GPTQ gives them the same order: checked).
         shards = len(layer.output_partition_sizes)
-        self._add(layer, "g_idx", torch.empty(shards, in_features, dtype=torch.int32), per_shard=True)
-
-    @staticmethod
-    def _add(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> None:
-        layer.register_parameter(name, set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs))
+        add_param(layer, "g_idx", torch.empty(shards, in_features, dtype=torch.int32), per_shard=True)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Unpacked once: ``[out, in]`` integers, and per input its group's zero point and scale gathered by

@@ -9,17 +9,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.layers.quantization.compressed_tensors.schemes import (
-    add_param,
-    add_per_shard_scale,
-    per_row,
-    replace_param,
+    EightBitWeights,
     unsupported,
     weight_strategy,
 )
 from brisk.layers.quantization.fp8_utils import FP8_DTYPE, dequantize, fp8_linear, has_fp8_tensor_cores
 
 
-class CompressedTensorsW8A8Fp8:
+class CompressedTensorsW8A8Fp8(EightBitWeights):
+    weight_dtype = FP8_DTYPE
+
     def __init__(self, weights: dict, inputs: dict | None, prefix: str):
         self.strategy = weight_strategy(weights, ("tensor", "channel"), prefix)
         self.static_input = False
@@ -34,22 +33,8 @@ class CompressedTensorsW8A8Fp8:
             self.static_input = not dynamic
         self.quantize_inputs = inputs is not None
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        add_param(layer, "weight", torch.empty(out_features, in_features, dtype=FP8_DTYPE), output_dim=0, input_dim=1)
-        if self.strategy == "channel":
-            add_param(layer, "weight_scale", torch.empty(out_features, 1, dtype=torch.float32), output_dim=0)
-        else:
-            add_per_shard_scale(layer, "weight_scale")
-        if self.static_input:
-            add_per_shard_scale(layer, "input_scale")
-
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        if self.strategy == "tensor":
-            replace_param(layer, "weight_scale", per_row(layer, layer.weight_scale.data))
-        else:
-            replace_param(layer, "weight_scale", layer.weight_scale.data.float())
-        if self.static_input:  # the fused projections share their input: one scale (the largest) for all
-            replace_param(layer, "input_scale", layer.input_scale.data.float().amax().reshape(1))
+        self.process_scales(layer)
         self.native = has_fp8_tensor_cores(layer.weight.device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -13,10 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.layers.quantization.compressed_tensors.schemes import (
-    add_param,
-    add_per_shard_scale,
-    per_row,
-    replace_param,
+    EightBitWeights,
     unsupported,
     weight_strategy,
 )
@@ -36,7 +33,9 @@ def quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.round((x.float() / scale).clamp(INT8_MIN, INT8_MAX)).to(torch.int8)
 
 
-class CompressedTensorsW8A8Int8:
+class CompressedTensorsW8A8Int8(EightBitWeights):
+    weight_dtype = torch.int8
+
     def __init__(self, weights: dict, inputs: dict, prefix: str):
         self.strategy = weight_strategy(weights, ("tensor", "channel"), prefix)
         if not weights.get("symmetric", True) or not inputs.get("symmetric", True):
@@ -48,20 +47,8 @@ class CompressedTensorsW8A8Int8:
             raise unsupported(prefix, f"INT8 input strategy {strategy!r} with dynamic={dynamic}")
         self.static_input = not dynamic
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        add_param(layer, "weight", torch.empty(out_features, in_features, dtype=torch.int8), output_dim=0, input_dim=1)
-        if self.strategy == "channel":
-            add_param(layer, "weight_scale", torch.empty(out_features, 1, dtype=torch.float32), output_dim=0)
-        else:
-            add_per_shard_scale(layer, "weight_scale")
-        if self.static_input:
-            add_per_shard_scale(layer, "input_scale")
-
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        scale = layer.weight_scale.data
-        replace_param(layer, "weight_scale", per_row(layer, scale) if self.strategy == "tensor" else scale.float())
-        if self.static_input:
-            replace_param(layer, "input_scale", layer.input_scale.data.float().amax().reshape(1, 1))
+        self.process_scales(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])

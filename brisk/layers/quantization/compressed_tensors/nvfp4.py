@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisk.layers.quantization.base_config import add_param, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import (
-    add_param,
     add_per_shard_scale,
     per_row,
-    replace_param,
     unsupported,
 )
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from brisk.layers.linear import set_weight_attrs
-from brisk.layers.quantization.base_config import LinearMethod
+from brisk.layers.quantization.base_config import LinearMethod, add_param, replace_param
 
 
 def unsupported(prefix: str, what: str) -> ValueError:
@@ -55,13 +54,6 @@ def weight_strategy(args: dict, allowed: tuple[str, ...], prefix: str) -> str:
     return strategy
 
 
-def add_param(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> nn.Parameter:
-    """Register ``tensor`` as parameter ``name`` (tagged for the weight loader, see ``set_weight_attrs``)."""
-    param = set_weight_attrs(nn.Parameter(tensor, requires_grad=False), **attrs)
-    layer.register_parameter(name, param)
-    return param
-
-
 def add_per_shard_scale(layer: nn.Module, name: str) -> nn.Parameter:
     """A per-tensor scale: one float32 per fused projection (q, k, v each have their own)."""
     shards = len(layer.output_partition_sizes)
@@ -75,5 +67,27 @@ def per_row(layer: nn.Module, shard_scales: torch.Tensor) -> torch.Tensor:
     return shard_scales.float().repeat_interleave(sizes)[:, None]
 
 
-def replace_param(layer: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    setattr(layer, name, nn.Parameter(tensor, requires_grad=False))
+class EightBitWeights:
+    """What the FP8 and INT8 schemes share: 8-bit weights ``[out, in]`` of ``weight_dtype`` with a scale per
+    output channel or per tensor (one per fused part, kept per row), and with ``static_input`` a per-tensor
+    input scale (the fused parts share their input: the largest of theirs)."""
+
+    weight_dtype: torch.dtype
+    strategy: str
+    static_input: bool
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        weight = torch.empty(out_features, in_features, dtype=self.weight_dtype)
+        add_param(layer, "weight", weight, output_dim=0, input_dim=1)
+        if self.strategy == "channel":
+            add_param(layer, "weight_scale", torch.empty(out_features, 1, dtype=torch.float32), output_dim=0)
+        else:
+            add_per_shard_scale(layer, "weight_scale")
+        if self.static_input:
+            add_per_shard_scale(layer, "input_scale")
+
+    def process_scales(self, layer: nn.Module) -> None:
+        scale = layer.weight_scale.data
+        replace_param(layer, "weight_scale", per_row(layer, scale) if self.strategy == "tensor" else scale.float())
+        if self.static_input:
+            replace_param(layer, "input_scale", layer.input_scale.data.float().amax().reshape(1, 1))

@@ -2,8 +2,9 @@
 dimension (element ``i`` at bits ``i * num_bits``), a scale per output channel or per group of ``group_size``
 inputs, a zero point per scale (asymmetric; packed along the output dimension); inputs stay unquantized.
 
-The weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors does), so
-the computation equals the library's decompressed model. A dequantizing GEMM kernel is future work."""
+On the CPU the weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors
+does), so the computation equals the library's decompressed model. On CUDA the packed weight goes to the Triton
+dequantizing GEMM (``triton_int_gemm.py``; written for the GPU, tested only under the interpreter)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.distributed.parallel_state import get_tp_size
-from brisk.layers.quantization.compressed_tensors.schemes import add_param, replace_param, unsupported, weight_strategy
+from brisk.layers.quantization.base_config import add_param, replace_param
+from brisk.layers.quantization.compressed_tensors.schemes import unsupported, weight_strategy
 
 SUPPORTED_BITS = (2, 4, 8)  # whole values per int32 word
 
@@ -76,12 +78,17 @@ class CompressedTensorsWNA16:
                 f"{self.prefix}: the checkpoint's weight_shape {layer.weight_shape.tolist()} does not match the "
                 f"layer's {expected}."
             )
-        qweight = unpack_int32(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
-        replace_param(layer, "weight_q", qweight)
-        del layer.weight_packed
+        # CUDA: the packed words stay as loaded for the Triton dequantizing GEMM, which takes unsigned zero
+        # points. Elsewhere: unpacked once, dequantized per matmul.
+        self.use_kernel = layer.weight_packed.is_cuda
         if not self.symmetric:
             zeros = unpack_int32(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
-            replace_param(layer, "weight_zero_point", zeros)
+            offset = 1 << (self.num_bits - 1)
+            replace_param(layer, "weight_zero_point", zeros.int() + offset if self.use_kernel else zeros)
+        if not self.use_kernel:
+            qweight = unpack_int32(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
+            replace_param(layer, "weight_q", qweight)
+            del layer.weight_packed
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """``(q - zero) * scale`` per group, in the scale's dtype (compressed-tensors' ``dequantize``)."""
@@ -92,4 +99,11 @@ class CompressedTensorsWNA16:
         return (q * scale[..., None]).flatten(-2)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.use_kernel:  # written for CUDA; the kernel itself is tested under the Triton interpreter
+            from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
+
+            zeros = None if self.symmetric else layer.weight_zero_point
+            group = self.group_size or layer.in_features
+            out = int_weight_gemm(x, layer.weight_packed, layer.weight_scale, zeros, self.num_bits, group)
+            return out if bias is None else out + bias
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

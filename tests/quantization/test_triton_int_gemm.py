@@ -1,0 +1,27 @@
+"""The Triton dequantizing GEMM over compressed-tensors' packed layout (packed by the library itself), against
+the dequantized weight, under TRITON_INTERPRET=1 on the CPU: decode (1 row), odd and multi-tile batches."""
+
+import pytest
+import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
+
+
+@pytest.mark.parametrize(
+    ("bits", "group", "asymmetric", "rows"),
+    [(4, 32, True, 1), (4, 64, False, 5), (8, 32, True, 33), (4, 128, True, 17), (8, 128, False, 2)],
+)
+def test_matches_the_dequantized_weight(bits, group, asymmetric, rows):
+    gen = torch.Generator().manual_seed(bits * 1000 + group + rows)
+    out_features, in_features, offset = 48, 128, 1 << (bits - 1)
+    q = torch.randint(-offset, offset, (out_features, in_features), generator=gen, dtype=torch.int8)
+    scales = torch.rand(out_features, in_features // group, generator=gen) * 0.1
+    zeros = torch.randint(-offset, offset, scales.shape, generator=gen, dtype=torch.int8) if asymmetric else None
+    signed_zero = zeros.float() if asymmetric else torch.zeros_like(scales)
+    weight = (q.float() - signed_zero.repeat_interleave(group, 1)) * scales.repeat_interleave(group, 1)
+    x = torch.randn(rows, in_features, generator=gen)
+    packed = pack_to_int32(q, bits)  # unsigned values (q + offset), as checkpoints store them
+    unsigned_zeros = zeros.int() + offset if asymmetric else None
+    out = int_weight_gemm(x, packed, scales, unsigned_zeros, bits, group)
+    torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=1e-4)
