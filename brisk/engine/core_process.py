@@ -267,7 +267,8 @@ class EngineCore:
     def run(self) -> bool:
         """Serve until stopped (True) or until the parent is gone (True); False when the loop itself broke."""
         engine = self.engine
-        threading.Thread(target=self._heartbeat, name="brisk-engine-heartbeat", daemon=True).start()
+        heartbeat = threading.Thread(target=self._heartbeat, name="brisk-engine-heartbeat", daemon=True)
+        heartbeat.start()
         try:
             while True:
                 commands = self._receive(block=not engine.has_unfinished_requests())
@@ -299,7 +300,10 @@ class EngineCore:
                 self._send((DEAD, f"{type(exc).__name__}: {exc}"))
             return False
         finally:
+            # Joined, not left to die with the interpreter: a daemon thread still running at exit made the
+            # process abort ("terminate called without an active exception", exit code -6).
             self._stopping.set()
+            heartbeat.join(timeout=2 * HEARTBEAT_INTERVAL_S)
 
     # ---- pipes ----------------------------------------------------------------------------------------------
     def _receive(self, block: bool) -> list[tuple[Any, ...]]:
