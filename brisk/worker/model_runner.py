@@ -29,6 +29,8 @@ from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
 logger = logging.getLogger(__name__)
 
+PROMPT_LOGPROBS_ROWS = 256  # prompt positions whose logprobs are computed at once
+
 
 @dataclass
 class ModelRunnerOutput:
@@ -329,11 +331,15 @@ class ModelRunner:
             last = min(start + num_new, request.num_prompt_tokens - 1)
             if first >= last:
                 continue
-            q0 = metadata.query_start_loc_cpu[i]
-            rows = hidden[q0 + first - start : q0 + last - start]
-            lps = self.model.compute_logits(rows).float().log_softmax(dim=-1)
-            targets = request.prompt_token_ids[first + 1 : last + 1]
-            result[request.request_id] = (first + 1, prompt_position_logprobs(lps, targets, k))
+            q0 = metadata.query_start_loc_cpu[i] - start
+            positions: list[PositionLogprobs] = []
+            # A slice of rows at a time: a whole 2,048-token chunk's float32 log-softmax over a 151k vocabulary
+            # would take 1.2 GB at once.
+            for lo in range(first, last, PROMPT_LOGPROBS_ROWS):
+                hi = min(lo + PROMPT_LOGPROBS_ROWS, last)
+                lps = self.model.compute_logits(hidden[q0 + lo : q0 + hi]).float().log_softmax(dim=-1)
+                positions += prompt_position_logprobs(lps, request.prompt_token_ids[lo + 1 : hi + 1], k)
+            result[request.request_id] = (first + 1, positions)
         return result
 
 

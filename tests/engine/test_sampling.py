@@ -160,3 +160,20 @@ def test_top_k_keeps_every_token_tied_with_the_kth():
         for k in (1, 3, 4, 6)
     }
     assert kept == {1: {4, 9, 17}, 3: {4, 9, 17}, 4: {4, 9, 17, 21, 22, 30}, 6: {4, 9, 17, 21, 22, 30}}
+
+
+def test_prompt_logprobs_are_computed_in_slices(llm, monkeypatch):
+    """Prompt logprobs go through the LM head a slice of positions at a time (a whole chunk at once would hold a
+    float32 log-softmax of chunk x vocabulary); slices of 5 give the tokens and ranks of one pass, and the values
+    to float32 rounding (a one-row slice takes another matmul kernel)."""
+    import brisk.worker.model_runner as model_runner
+
+    params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
+    prompt = "The quick brown fox jumps over the lazy dog, then runs far away into the woods at night."
+    whole = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROBS_ROWS", 5)
+    sliced = llm.generate([prompt], params, use_tqdm=False)[0].prompt_logprobs
+    assert len(whole) > 12 and len(sliced) == len(whole) and sliced[0] is None is whole[0]
+    for got, want in zip(sliced[1:], whole[1:]):
+        assert {t: lp.rank for t, lp in got.items()} == {t: lp.rank for t, lp in want.items()}
+        assert all(abs(got[t].logprob - want[t].logprob) < 1e-5 for t in want)
