@@ -16,6 +16,8 @@ from compressed_tensors.quantization import (
     QuantizationConfig,
     QuantizationStatus,
     apply_quantization_config,
+    disable_quantization,
+    enable_quantization,
     preset_name_to_scheme,
 )
 from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
@@ -37,15 +39,19 @@ def _weight_min_max(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Ten
 
 
 def _calibrate_inputs(model, tokenizer) -> None:
-    """Static per-tensor input scales from the inputs each quantized layer sees on a short text."""
+    """Static per-tensor input scales from the inputs each quantized layer sees on a short text. The calibration
+    pass runs with quantization off: the input scales it computes are still uninitialized memory (the library
+    makes them with ``torch.empty``), and a quantized forward through them gave NaN scales on some machines."""
     seen: dict[torch.nn.Module, list[torch.Tensor]] = {}
     hooks = []
     for module in model.modules():
         inputs = getattr(getattr(module, "quantization_scheme", None), "input_activations", None)
         if inputs is not None and not inputs.dynamic:
             hooks.append(module.register_forward_pre_hook(lambda m, args: seen.setdefault(m, []).append(args[0])))
+    model.apply(disable_quantization)
     with torch.no_grad():
         model(tokenizer(CALIBRATION_TEXT, return_tensors="pt").input_ids)
+    model.apply(enable_quantization)
     for hook in hooks:
         hook.remove()
     for module, values in seen.items():

@@ -76,6 +76,7 @@ def test_matches_library_reference(ct_checkpoint, tiny_llama, scheme):
     )
     llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
     expected_tokens, expected_logits = _reference(tiny_llama, folder)
+    assert torch.isfinite(expected_logits).all(), "the checkpoint itself is broken (non-finite reference logits)"
     got = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == expected_tokens
     # The library hands NVFP4 weights back rounded to bfloat16 (2**-9 relative): logits then move by hundredths.
