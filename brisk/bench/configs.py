@@ -96,8 +96,34 @@ LLAMA_TINY_CONFIG: dict = {
     "vocab_size": 10240,
 }
 
+# The 8B shape as a W4A16 checkpoint (compressed-tensors pack-quantized: symmetric 4-bit weights, a scale per 128
+# inputs, as llmcompressor's ``scheme="W4A16"`` saves it): random packed codes and scales with ``--load-format
+# dummy``, so INT4 speed can be measured without the real weights.
+W4A16_QUANTIZATION_CONFIG: dict = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "format": "pack-quantized",
+            "targets": ["Linear"],
+            "input_activations": None,
+            "weights": {
+                "dynamic": False,
+                "group_size": 128,
+                "num_bits": 4,
+                "strategy": "group",
+                "symmetric": True,
+                "type": "int",
+            },
+        }
+    },
+}
+
 NAMED_CONFIGS: dict[str, dict] = {
     "llama-3.1-8b-shape": LLAMA31_8B_CONFIG,
+    "llama-3.1-8b-shape-w4a16": {**LLAMA31_8B_CONFIG, "quantization_config": W4A16_QUANTIZATION_CONFIG},
     "llama-3.1-8b-shape-smollm2-vocab": LLAMA31_8B_SMOLLM2_VOCAB_CONFIG,
     "llama-tiny-shape": LLAMA_TINY_CONFIG,
 }

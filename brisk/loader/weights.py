@@ -61,6 +61,8 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
     """Small uniform values: numerically tame through many layers, same speed as real weights."""
     generators: dict[torch.device, torch.Generator] = {}
     for param in model.parameters():
+        if not getattr(param, "random_fill", True):  # layout metadata (a packed weight's shape) keeps its value
+            continue
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
         if param.is_floating_point():

@@ -104,3 +104,17 @@ def test_nvfp4_weights_equal_the_library_dequantization_in_float32(ct_checkpoint
         return dequantize(values, scale, args=args, global_scale=global_scale, dtype=torch.float32)
 
     assert_weights_equal(LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22), library)
+
+
+def test_w4a16_shape_with_random_weights_runs(tmp_path):
+    """``load_format="dummy"`` on a W4A16 config (how INT4 speed is benchmarked without weights): the packed
+    weights' recorded shapes are not randomized, so the layout check passes and the engine generates."""
+    from brisk.bench.configs import W4A16_QUANTIZATION_CONFIG, write_config_folder
+
+    folder = write_config_folder(
+        tmp_path / "w4a16", "llama-tiny-shape", hidden_size=256, intermediate_size=512, head_dim=64,
+        quantization_config=W4A16_QUANTIZATION_CONFIG,
+    )  # fmt: skip
+    llm = LLM(str(folder), device="cpu", load_format="dummy", max_model_len=256, kv_cache_memory_bytes=1 << 22)
+    out = llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -60,8 +60,10 @@ class CompressedTensorsWNA16:
             packed_factor=per_word,
         )
         add_param(layer, "weight_scale", torch.empty(out_features, groups, dtype=dtype), output_dim=0, input_dim=1)
-        shards = len(layer.output_partition_sizes)
-        add_param(layer, "weight_shape", torch.zeros(shards, 2, dtype=torch.int64), per_shard=True)
+        # The unpacked shape of each fused part: checked against the layer after loading. It starts as the layer's
+        # own (random weights keep it: ``random_fill=False``), so only a checkpoint that says otherwise fails.
+        shapes = torch.tensor([[size, in_features] for size in layer.output_partition_sizes], dtype=torch.int64)
+        add_param(layer, "weight_shape", shapes, per_shard=True, random_fill=False)
         if not self.symmetric:
             for size in layer.output_partition_sizes:
                 if size % per_word:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU checks and figures of the features beside the fast path (docs/benchmarks.md: quantization, structured
+# outputs, worker processes), on the Llama-3.1-8B shape with random weights. For an offline GPU machine: missing
+# Python packages come as wheels in .whl/ (as for h200_run.sh); $OUT is the folder results go to.
+#   bash benchmarks/h200_features.sh STAGE...   stages, run in the order given:
+#     tests    tests/gpu (every GPU test, the features' included)
+#     quant    W3 (batch 1) in bf16, FP8 weights and W4A16 weights; W1 in bf16 and FP8 weights
+#     workers  W1 and W3 with the model in a worker process (--distributed-executor-backend mp) beside in-process
+#     json     W2-shaped batch of 256 with and without a JSON schema (needs a SmolLM2 tokenizer folder in
+#              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/brisk-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/brisk-site .whl/*.whl
+fi
+export PYTHONPATH=/tmp/brisk-site:$PWD PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+brisk() { python3 -m brisk.entrypoints.cli.main "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
+stage_tests() {
+    timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -x -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+}
+stage_quant() {
+    brisk bench latency --model llama-3.1-8b-shape --output-json "$OUT/w3_bf16.json" | tail -3
+    brisk bench latency --model llama-3.1-8b-shape --quantization fp8 --output-json "$OUT/w3_fp8.json" | tail -3
+    brisk bench latency --model llama-3.1-8b-shape-w4a16 --output-json "$OUT/w3_w4a16.json" | tail -3
+    brisk bench throughput --workload W1 --model llama-3.1-8b-shape --output-json "$OUT/w1_bf16.json" | tail -3
+    brisk bench throughput --workload W1 --model llama-3.1-8b-shape --quantization fp8 \
+        --output-json "$OUT/w1_fp8.json" | tail -3
+}
+stage_workers() {
+    local mode
+    for mode in uni mp; do
+        brisk bench latency --model llama-3.1-8b-shape --distributed-executor-backend $mode \
+            --output-json "$OUT/w3_$mode.json" | tail -3
+        brisk bench throughput --workload W1 --model llama-3.1-8b-shape --distributed-executor-backend $mode \
+            --output-json "$OUT/w1_$mode.json" | tail -3
+    done
+}
+stage_json() {
+    local model=/tmp/brisk-json-model
+    rm -rf "$model"
+    brisk bench write-config llama-3.1-8b-shape-smollm2-vocab "$model" \
+        --tokenizer "${BRISK_TOKENIZER:-.scratch/smollm2-tokenizer}" >/dev/null
+    python3 benchmarks/structured_outputs_throughput.py --model "$model" --json "$OUT/structured_outputs.json" \
+        --engine '{"load_format": "dummy", "max_model_len": 4096, "dtype": "bfloat16"}' 2>&1 | tail -3
+}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+for stage in "$@"; do
+    echo "== $stage ($(date -u +%H:%M:%S))"
+    "stage_$stage"
+done
+echo "== done ($(date -u +%H:%M:%S))"

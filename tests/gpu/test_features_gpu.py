@@ -1,0 +1,115 @@
+"""The features that landed after the GPU fast path, on a GPU with CUDA graphs and async scheduling on (skipped
+without CUDA; the CPU suite covers each one's logic):
+
+- speculative decoding (n-gram and draft model): the plain path's greedy tokens (float32);
+- the FP8 KV cache: the Triton kernels give the torch reference backend's tokens on the same FP8 cache (float32),
+  and prefix caching with chunked prefill gives the plain FP8 path's tokens;
+- FP8 weights (``torch._scaled_mm``) and W4A16 weights (the Triton INT GEMM) run end to end, CUDA graphs giving the
+  eager path's tokens (bf16: the same kernels);
+- a worker process (``distributed_executor_backend="mp"``) gives the in-process engine's tokens;
+- structured outputs and logit bias: the token bitmask and the bias applied on the device.
+"""
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+from brisk import LLM, SamplingParams  # noqa: E402
+from brisk.bench.configs import W4A16_QUANTIZATION_CONFIG, write_config_folder  # noqa: E402
+from brisk.structured_outputs import StructuredOutputsParams  # noqa: E402
+from tests.spec_decode.test_draft_model import truncated_copy  # noqa: E402
+from tests.tiny_models import make_tiny_model  # noqa: E402
+
+PROMPTS = [
+    "one two three four one two three four one two three four one two",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "A",
+] * 2
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(make_tiny_model(tmp_path_factory.mktemp("llama"), "llama"))
+
+
+def tokens(llm: LLM, params=GREEDY, prompts=PROMPTS) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def make(model: str, **kwargs) -> LLM:
+    kwargs.setdefault("kv_cache_memory_bytes", 1 << 28)
+    return LLM(model, device="cuda", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def plain_fp32(tiny):
+    return tokens(make(tiny, dtype="float32"))
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_decoding_keeps_greedy_tokens(tiny, plain_fp32, method, tmp_path):
+    if method == "ngram":
+        spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    else:
+        spec = {"method": "draft_model", "model": truncated_copy(tiny, tmp_path / "draft", 1),
+                "num_speculative_tokens": 3}  # fmt: skip
+    llm = make(tiny, dtype="float32", speculative_config=spec)
+    assert tokens(llm) == plain_fp32
+    stats = llm.engine.get_stats()
+    assert stats.spec_decode_num_draft_tokens > 0
+
+
+def test_fp8_kv_cache_triton_matches_the_reference_and_prefix_caching(tiny):
+    reference = tokens(make(tiny, dtype="float32", kv_cache_dtype="fp8", attention_backend="torch"))
+    triton = make(tiny, dtype="float32", kv_cache_dtype="fp8", attention_backend="triton")
+    assert tokens(triton) == reference
+    chunked = make(tiny, dtype="float32", kv_cache_dtype="fp8", max_num_batched_tokens=32)
+    assert tokens(chunked) == reference  # chunked prefill
+    assert tokens(chunked) == reference  # again: every prompt's prefix now comes from the cache
+
+
+def test_fp8_weights_cuda_graphs_match_eager(tiny):
+    graphs = make(tiny, dtype="bfloat16", quantization="fp8")
+    eager = make(tiny, dtype="bfloat16", quantization="fp8", enforce_eager=True)
+    assert tokens(graphs) == tokens(eager)
+
+
+def test_w4a16_weights_run_through_the_int_gemm(tmp_path):
+    folder = write_config_folder(
+        tmp_path / "w4a16", "llama-tiny-shape", hidden_size=256, intermediate_size=512, head_dim=64,
+        quantization_config=W4A16_QUANTIZATION_CONFIG, torch_dtype="bfloat16",
+    )  # fmt: skip
+    prompts = [[1, 2, 3, 4, 5] * 20, [7] * 300]
+    graphs = make(str(folder), load_format="dummy", max_model_len=512)
+    eager = make(str(folder), load_format="dummy", max_model_len=512, enforce_eager=True)
+    out = tokens(graphs, prompts=prompts)
+    assert out == tokens(eager, prompts=prompts)
+    assert all(len(t) == GREEDY.max_tokens for t in out)
+
+
+def test_worker_process_matches_in_process(tiny, plain_fp32):
+    assert tokens(make(tiny, dtype="float32", distributed_executor_backend="mp")) == plain_fp32
+
+
+def test_structured_outputs_and_logit_bias_on_the_device(tiny):
+    llm = make(tiny, dtype="float32")
+    schema = {
+        "type": "object",
+        "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
+        "required": ["x", "ok"],
+        "additionalProperties": False,
+    }
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=64, n=4,
+                            structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))  # fmt: skip
+    for out in llm.generate(PROMPTS[:4], params, use_tqdm=False):
+        for sample in out.outputs:
+            value = json.loads(sample.text)
+            assert set(value) == {"x", "ok"} and 0 <= value["x"] <= 9 and isinstance(value["ok"], bool)
+    forced = llm.engine.tokenizer.encode("z", add_special_tokens=False)[0]
+    biased = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={forced: 100.0})
+    assert all(t == [forced] * 8 for t in tokens(llm, biased, PROMPTS[:4]))
