@@ -104,8 +104,8 @@ def test_structured_outputs_and_logit_bias_on_the_device(tiny):
         "required": ["x", "ok"],
         "additionalProperties": False,
     }
-    params = SamplingParams(temperature=1.0, seed=3, max_tokens=64, n=4,
-                            structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))  # fmt: skip
+    constraint = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=64, n=4, structured_outputs=constraint)
     for out in llm.generate(PROMPTS[:4], params, use_tqdm=False):
         for sample in out.outputs:
             value = json.loads(sample.text)
