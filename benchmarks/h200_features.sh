@@ -3,8 +3,10 @@
 # outputs, worker processes), on the Llama-3.1-8B shape with random weights. For an offline GPU machine: missing
 # Python packages come as wheels in .whl/ (as for h200_run.sh); $OUT is the folder results go to.
 #   bash benchmarks/h200_features.sh STAGE...   stages, run in the order given:
-#     tests    tests/gpu (every GPU test, the features' included)
-#     quant    W3 (batch 1) in bf16, FP8 weights and W4A16 weights; W1 in bf16 and FP8 weights
+#     tests    tests/gpu (every GPU test, the features' included; BRISK_TESTS narrows it: pytest paths/flags)
+#     tune     the batch-1 INT4 and FP8 GEMV tiles on the 8B projections (benchmarks/tune_int_gemv.py)
+#     w3quant  W3 (batch 1) in bf16, FP8 weights and W4A16 weights
+#     w1quant  W1 in bf16 and FP8 weights
 #     workers  W1 and W3 with the model in a worker process (--distributed-executor-backend mp) beside in-process
 #     json     W2-shaped batch of 256 with and without a JSON schema (needs a SmolLM2 tokenizer folder in
 #              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
@@ -19,12 +21,19 @@ export PYTHONPATH=/tmp/brisk-site:$PWD PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 brisk() { python3 -m brisk.entrypoints.cli.main "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
 stage_tests() {
-    timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu -x -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+    # shellcheck disable=SC2086  # BRISK_TESTS is a list of pytest arguments
+    timeout 420 python3 -m pytest -q -p no:cacheprovider ${BRISK_TESTS:-tests/gpu} -x -rs 2>&1 |
+        tee "$OUT/gpu_tests.log" | tail -25
 }
-stage_quant() {
+stage_tune() {
+    python3 benchmarks/tune_int_gemv.py 2>&1 | tee "$OUT/tune_int_gemv.log" | tail -30
+}
+stage_w3quant() {
     brisk bench latency --model llama-3.1-8b-shape --output-json "$OUT/w3_bf16.json" | tail -3
     brisk bench latency --model llama-3.1-8b-shape --quantization fp8 --output-json "$OUT/w3_fp8.json" | tail -3
     brisk bench latency --model llama-3.1-8b-shape-w4a16 --output-json "$OUT/w3_w4a16.json" | tail -3
+}
+stage_w1quant() {
     brisk bench throughput --workload W1 --model llama-3.1-8b-shape --output-json "$OUT/w1_bf16.json" | tail -3
     brisk bench throughput --workload W1 --model llama-3.1-8b-shape --quantization fp8 \
         --output-json "$OUT/w1_fp8.json" | tail -3

@@ -18,22 +18,28 @@ from brisk.layers.linear import LinearBase, RowParallelLinear, UnquantizedLinear
 from brisk.layers.norm import RMSNorm
 
 
-def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> ModuleType | None:
-    """The GEMV module when ``linear`` holds plain weights and needs no all-reduce between matmul and bias."""
-    if type(linear.quant_method) is not UnquantizedLinearMethod:
-        return None
+def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> tuple[ModuleType | None, torch.Tensor | None]:
+    """The GEMV module when ``linear`` holds plain or FP8 weights (with their per-row scales, the second value)
+    and needs no all-reduce between matmul and bias."""
+    method = linear.quant_method
+    if type(method) is UnquantizedLinearMethod:
+        weight_scale = None
+    elif getattr(method, "fp8_gemv", False):  # FP8 weights on a GPU with FP8 support
+        weight_scale = linear.weight_scale.view(-1)
+    else:
+        return None, None
     if isinstance(linear, RowParallelLinear) and get_tp_size() > 1:
-        return None
-    return gemv_ops_for(x)
+        return None, None
+    return gemv_ops_for(x), weight_scale
 
 
 def rms_norm_linear(
     norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(linear(norm(x + residual)), x + residual)``; without ``residual`` (the first layer), x is the residual."""
-    gemv = _fused_gemv(linear, x)
+    gemv, weight_scale = _fused_gemv(linear, x)
     if gemv is not None:
-        return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias)
+        return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, weight_scale)
     if residual is None:
         return linear(norm(x)), x
     normed, residual = norm(x, residual)
@@ -42,7 +48,7 @@ def rms_norm_linear(
 
 def silu_and_mul_linear(act: SiluAndMul, linear: LinearBase, x: torch.Tensor) -> torch.Tensor:
     """``linear(act(x))`` for the gated MLP's down projection over ``x = [gate | up]``."""
-    gemv = _fused_gemv(linear, x)
+    gemv, weight_scale = _fused_gemv(linear, x)
     if gemv is not None:
-        return gemv.silu_and_mul_gemv(x, linear.weight, linear.bias)
+        return gemv.silu_and_mul_gemv(x, linear.weight, linear.bias, weight_scale)
     return linear(act(x))

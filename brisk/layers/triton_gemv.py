@@ -74,9 +74,12 @@ def _dot(w, x):
 
 
 @triton.jit
-def _store_output(out_ptr, bias_ptr, acc, block, offs_n, N, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _store_output(out_ptr, bias_ptr, scale_ptr, acc, block, offs_n, N, BLOCK_N: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):  # fmt: skip
     n = block * BLOCK_N + offs_n
     n_mask = n < N
+    if HAS_SCALE:  # FP8 weights: one float32 scale per output row
+        acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -84,8 +87,8 @@ def _store_output(out_ptr, bias_ptr, acc, block, offs_n, N, BLOCK_N: tl.constexp
 
 @triton.jit
 def _gemv_resident_kernel(
-    x_ptr, weight_ptr, bias_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride, eps,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr, weight_ptr, bias_ptr, scale_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride,
+    eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """K fits one tile (``K <= BLOCK_K``): each program prepares the input once, then walks the output blocks
@@ -112,14 +115,14 @@ def _gemv_resident_kernel(
 
     for block in range(pid, tl.cdiv(N, BLOCK_N), programs):
         next_w = _weight_tile(weight_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
-        _store_output(out_ptr, bias_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS)
+        _store_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
         w = next_w
 
 
 @triton.jit
 def _gemv_tiled_kernel(
-    x_ptr, weight_ptr, bias_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride, eps,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    x_ptr, weight_ptr, bias_ptr, scale_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride,
+    eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Any K: one program per ``BLOCK_N`` outputs walks K in ``BLOCK_K`` tiles and applies the prologue to each
@@ -148,7 +151,7 @@ def _gemv_tiled_kernel(
         cols = k0 + offs_k
         w = _weight_tile(weight_ptr + k0, pid, offs_n, offs_k, cols < K, N, weight_stride, BLOCK_N)
         acc += _dot(w, _input_tile(x_ptr, residual_ptr, norm_ptr, cols, cols < K, K, rstd, PROLOGUE, HAS_RESIDUAL))
-    _store_output(out_ptr, bias_ptr, acc, pid, offs_n, N, BLOCK_N, HAS_BIAS)
+    _store_output(out_ptr, bias_ptr, scale_ptr, acc, pid, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
 
 
 class GemvConfig(NamedTuple):
@@ -169,7 +172,7 @@ def gemv_config(n: int, k: int) -> GemvConfig:
 
 
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
-            prologue=PROLOGUE_NONE):  # fmt: skip
+            prologue=PROLOGUE_NONE, weight_scale=None):  # fmt: skip
     n = out.shape[-1]
     assert weight.stride(1) == 1, "the GEMV reads weight rows as contiguous runs"
     config = gemv_config(n, k)
@@ -179,10 +182,11 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
     else:
         kernel, grid = _gemv_tiled_kernel, blocks
     kernel[(grid,)](
-        x, weight, bias if bias is not None else weight, out,
+        x, weight, bias if bias is not None else weight, weight_scale if weight_scale is not None else weight, out,
         residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
         residual_out if residual_out is not None else out, n, k, weight.stride(0), eps,
         PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        HAS_SCALE=weight_scale is not None,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         **pdl_launch_options(x.device, 1),
     )  # fmt: skip
@@ -197,11 +201,14 @@ def _output(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for one row ``x``."""
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for one row ``x``; with ``weight_scale`` (float32, one per output row) the
+    weight is FP8 and each output is scaled before the bias: weight-only FP8, half the bytes of bf16."""
     x = _row(x)
     out = _output(x, weight)
-    _launch(x, weight, bias, out, x.shape[1])
+    _launch(x, weight, bias, out, x.shape[1], weight_scale=weight_scale)
     return out
 
 
@@ -212,19 +219,24 @@ def rms_norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(F.linear(rms_norm(x + residual), weight, bias), x + residual)``; without ``residual``, x stands alone."""
+    """``(F.linear(rms_norm(x + residual), weight, bias), x + residual)``; without ``residual``, x stands alone.
+    ``weight_scale``: as in :func:`gemv`."""
     x = _row(x)
     out = _output(x, weight)
     residual_out = torch.empty_like(x) if residual is not None else x
     residual = _row(residual) if residual is not None else None
-    _launch(x, weight, bias, out, x.shape[1], residual, norm_weight, residual_out, eps, PROLOGUE_RMS_NORM)
+    _launch(x, weight, bias, out, x.shape[1], residual, norm_weight, residual_out, eps, PROLOGUE_RMS_NORM,
+            weight_scale)  # fmt: skip
     return out, residual_out
 
 
-def silu_and_mul_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(silu(gate) * up, weight, bias)`` where ``x = [gate | up]``."""
+def silu_and_mul_gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(silu(gate) * up, weight, bias)`` where ``x = [gate | up]``; ``weight_scale``: as in :func:`gemv`."""
     x = _row(x)
     out = _output(x, weight)
-    _launch(x, weight, bias, out, x.shape[1] // 2, prologue=PROLOGUE_SILU_AND_MUL)
+    _launch(x, weight, bias, out, x.shape[1] // 2, prologue=PROLOGUE_SILU_AND_MUL, weight_scale=weight_scale)
     return out

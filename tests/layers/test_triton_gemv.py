@@ -81,3 +81,20 @@ def test_gemv_is_chosen_only_for_one_row_on_a_gpu():
         return
     assert gemv_ops_for(torch.zeros(1, 8, device=DEVICE)) is triton_gemv
     assert gemv_ops_for(torch.zeros(2, 8, device=DEVICE)) is None
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_fp8_weight_gemv_matches_the_dequantized_weight(n, k):
+    """FP8 weights with a float32 scale per output row (weight-only FP8 at batch 1), fused prologue included."""
+    from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
+
+    torch.manual_seed(n - k)
+    weight, bias = _weights(n, k)
+    qweight, scale = quantize_fp8_per_row(weight)
+    reference = dequantize(qweight, scale)
+    x = torch.randn(1, k, device=DEVICE)
+    out = triton_gemv.gemv(x, qweight, bias, scale.view(-1))
+    torch.testing.assert_close(out, F.linear(x, reference, bias), atol=1e-4, rtol=1e-4)
+    gate_up = torch.randn(1, 2 * k, device=DEVICE)
+    out = triton_gemv.silu_and_mul_gemv(gate_up, qweight, None, scale.view(-1))
+    torch.testing.assert_close(out, F.linear(SiluAndMul._reference(gate_up), reference), atol=1e-4, rtol=1e-4)

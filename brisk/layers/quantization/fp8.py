@@ -42,6 +42,7 @@ class Fp8OnlineLinearMethod:
         layer.weight = nn.Parameter(qweight, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.native = has_fp8_tensor_cores(qweight.device)
+        self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and not self.native:  # weight-only FP8 on GPUs without FP8 tensor cores

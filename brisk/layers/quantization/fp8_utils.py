@@ -43,9 +43,15 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x W^T + b`` with FP8 ``weight`` (N, K) and float32 ``weight_scale`` (N, 1); the input is quantized per
     token (``input_scale`` None) or with the static per-tensor ``input_scale``. ``native``: ``torch._scaled_mm``
-    (GPU with FP8 tensor cores, not exercised on the CPU test machine); otherwise the same quantization with the
-    product computed in float32."""
+    (GPU with FP8 tensor cores), or at batch 1 the weight-only FP8 GEMV; otherwise the same quantization with
+    the product computed in float32."""
     rows = x.reshape(-1, x.shape[-1])
+    if native and rows.shape[0] == 1:
+        # Batch-1 decode is weight-bound: the GEMV reads the FP8 weight (half of bf16's bytes) and keeps the
+        # input unquantized (one kernel, no activation quantization; the scale is applied to each output).
+        from brisk.layers.triton_gemv import gemv
+
+        return gemv(rows, weight, bias, weight_scale.reshape(-1)).reshape(*x.shape[:-1], weight.shape[0])
     if input_scale is None:
         xq, x_scale = quantize_fp8_per_row(rows)
     else:

@@ -4,16 +4,19 @@ packed 4- or 8-bit values, so a projection reads a quarter (int4) or half (int8)
 Layout (compressed-tensors' ``pack-quantized``, kept as loaded): ``packed [N, K * bits / 32]`` int32, value ``k``
 of a row at bits ``(k % per_word) * bits`` of word ``k // per_word``, unsigned (offset ``2 ** (bits - 1)``
 for symmetric weights); ``scales [N, K / group]``; ``zeros [N, K / group]`` (unsigned, or None: the offset).
-One kernel serves every batch size (``BLOCK_M`` 16 at decode); tiles are leads to tune on a GPU.
+A GEMV serves one row (batch-1 decode), a tensor-core GEMM every other batch size.
 
-Tested under ``TRITON_INTERPRET=1`` on the CPU against the dequantized reference; not yet run or measured on
-a GPU."""
+Tested under ``TRITON_INTERPRET=1`` on the CPU and on an H200 (``tests/gpu``) against the dequantized
+reference."""
 
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+# The GEMV's (BLOCK_N, BLOCK_K, num_warps): a lead, to be tuned on a GPU (benchmarks/tune_int_gemv.py).
+GEMV_CONFIG = (16, 512, 4)
 
 
 @triton.jit
@@ -50,6 +53,39 @@ def _int_weight_gemm_kernel(
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit
+def _int_weight_gemv_kernel(
+    x_ptr, packed_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, stride_pn, stride_sn, stride_zn,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One row: each program owns ``BLOCK_N`` outputs and walks K, loading whole packed words (contiguous, each
+    read once) and unpacking them in registers; products accumulate in fp32 without tensor cores."""
+    per_word: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // per_word
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    shifts = tl.arange(0, per_word) * BITS
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_w = k0 // per_word + tl.arange(0, WORDS)
+        w_mask = n_mask[:, None] & (offs_w < K // per_word)[None, :]
+        words = tl.load(packed_ptr + offs_n[:, None].to(tl.int64) * stride_pn + offs_w[None, :], mask=w_mask,
+                        other=0)  # fmt: skip
+        q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), [BLOCK_N, BLOCK_K])
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        group = (offs_k // GROUP)[None, :]
+        s_mask = n_mask[:, None] & k_mask[None, :]
+        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + group, mask=s_mask, other=0.0).to(tl.float32)
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + group, mask=s_mask, other=0).to(tl.float32)
+        else:
+            zero = 1 << (BITS - 1)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        acc += tl.sum((q.to(tl.float32) - zero) * scale * x[None, :], axis=1)
+    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
 def int_weight_gemm(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -66,8 +102,16 @@ def int_weight_gemm(
     M, K = rows.shape
     N = packed.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    block_m = 16 if M <= 16 else 64
     zeros_arg = zeros if zeros is not None else scales
+    if M == 1:  # batch-1 decode: weight-bound, no tensor-core tile to fill
+        gemv_n, gemv_k, warps = GEMV_CONFIG
+        _int_weight_gemv_kernel[(triton.cdiv(N, gemv_n),)](
+            rows, packed, scales, zeros_arg, out, N, K, packed.stride(0), scales.stride(0), zeros_arg.stride(0),
+            BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=gemv_n, BLOCK_K=gemv_k,
+            num_warps=warps,
+        )  # fmt: skip
+        return out.reshape(*x.shape[:-1], N)
+    block_m = 16 if M <= 16 else 64
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     _int_weight_gemm_kernel[grid](
         rows, packed, scales, zeros_arg, out, M, N, K,

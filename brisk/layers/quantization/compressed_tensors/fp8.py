@@ -36,8 +36,11 @@ class CompressedTensorsW8A8Fp8(EightBitWeights):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.process_scales(layer)
         self.native = has_fp8_tensor_cores(layer.weight.device)
+        self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.native and x.numel() == x.shape[-1]:  # one row: the weight-only FP8 GEMV, whatever the inputs
+            return fp8_linear(x, layer.weight, layer.weight_scale, bias, None, self.native)
         if not self.quantize_inputs or (x.is_cuda and not self.native):  # weight-only FP8
             return F.linear(x, dequantize(layer.weight, layer.weight_scale).to(x.dtype), bias)
         input_scale = layer.input_scale if self.static_input else None
