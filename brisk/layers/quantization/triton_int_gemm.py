@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 # The GEMV's (BLOCK_N, BLOCK_K, num_warps): a lead, to be tuned on a GPU (benchmarks/tune_int_gemv.py).
-GEMV_CONFIG = (16, 512, 4)
+GEMV_CONFIG = (4, 1024, 4)
 
 
 @triton.jit
@@ -59,30 +59,31 @@ def _int_weight_gemv_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One row: each program owns ``BLOCK_N`` outputs and walks K, loading whole packed words (contiguous, each
-    read once) and unpacking them in registers; products accumulate in fp32 without tensor cores."""
+    read once). A word's values meet their inputs as a ``[words, values]`` tile (no reshape), and the group's
+    scale and zero point are applied once per word: ``(sum_j q_j x_j - zero * sum_j x_j) * scale``."""
     per_word: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // per_word
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    shifts = tl.arange(0, per_word) * BITS
+    values = tl.arange(0, per_word)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_w = k0 // per_word + tl.arange(0, WORDS)
-        w_mask = n_mask[:, None] & (offs_w < K // per_word)[None, :]
-        words = tl.load(packed_ptr + offs_n[:, None].to(tl.int64) * stride_pn + offs_w[None, :], mask=w_mask,
+        w_mask = offs_w < K // per_word
+        nw_mask = n_mask[:, None] & w_mask[None, :]
+        words = tl.load(packed_ptr + offs_n[:, None].to(tl.int64) * stride_pn + offs_w[None, :], mask=nw_mask,
                         other=0)  # fmt: skip
-        q = tl.reshape((words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1), [BLOCK_N, BLOCK_K])
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        group = (offs_k // GROUP)[None, :]
-        s_mask = n_mask[:, None] & k_mask[None, :]
-        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + group, mask=s_mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs_w[:, None] * per_word + values[None, :], mask=w_mask[:, None], other=0.0)
+        x = x.to(tl.float32)  # [WORDS, per_word]
+        q = (words[:, :, None] >> (values * BITS)[None, None, :]) & ((1 << BITS) - 1)
+        dots = tl.sum(q.to(tl.float32) * x[None, :, :], axis=2)  # [BLOCK_N, WORDS]
+        group = (offs_w * per_word // GROUP)[None, :]
+        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + group, mask=nw_mask, other=0.0).to(tl.float32)
         if HAS_ZEROS:
-            zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + group, mask=s_mask, other=0).to(tl.float32)
+            zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + group, mask=nw_mask, other=0).to(tl.float32)
         else:
             zero = 1 << (BITS - 1)
-        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        acc += tl.sum((q.to(tl.float32) - zero) * scale * x[None, :], axis=1)
+        acc += tl.sum((dots - zero * tl.sum(x, axis=1)[None, :]) * scale, axis=1)
     tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
