@@ -161,23 +161,23 @@ class GemvConfig(NamedTuple):
     programs_per_sm: int  # for the resident kernel; 0 takes the tiled kernel
 
 
-def gemv_config(n: int, k: int, weight_bytes: int = 2) -> GemvConfig:
+def gemv_config(n: int, k: int) -> GemvConfig:
     """Measured on an H200 (``benchmarks/tune_gemv.py``, Llama-3.1-8B projections): an input of up to 4096
     elements stays in registers while four programs per SM stream 2-row weight tiles; the LM head's many blocks
     take one program per 4 x 4096 tile, and longer inputs (the down projection) one per 8 x 1024 tiles. Every
-    choice keeps several 16-byte loads per thread in flight. One-byte (FP8) weights take tiles of the same bytes:
-    twice the rows, or twice the inputs (a lead: ``benchmarks/tune_int_gemv.py`` times it)."""
-    wide = 2 if weight_bytes == 1 else 1
+    choice keeps several 16-byte loads per thread in flight. FP8 weights take the same tiles: tiles of bf16's
+    bytes (twice the rows or inputs) made batch-1 decode of the 8B shape slower on the H200 (296 against 333
+    tokens/s)."""
     if k <= 4096:
-        return GemvConfig(2 * wide, triton.next_power_of_2(k), 8, 4) if n < 65536 else GemvConfig(4, 4096, 4, 0)
-    return GemvConfig(8, 1024 * wide, 8, 0)
+        return GemvConfig(2, triton.next_power_of_2(k), 8, 4) if n < 65536 else GemvConfig(4, 4096, 4, 0)
+    return GemvConfig(8, 1024, 8, 0)
 
 
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
             prologue=PROLOGUE_NONE, weight_scale=None):  # fmt: skip
     n = out.shape[-1]
     assert weight.stride(1) == 1, "the GEMV reads weight rows as contiguous runs"
-    config = gemv_config(n, k, weight.element_size())
+    config = gemv_config(n, k)
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
         kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * num_sms(x.device))

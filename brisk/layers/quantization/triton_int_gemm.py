@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 # The GEMV's (BLOCK_N, BLOCK_K, num_warps): a lead, to be tuned on a GPU (benchmarks/tune_int_gemv.py).
-GEMV_CONFIG = (4, 1024, 4)
+GEMV_CONFIG = (8, 1024, 4)
 
 
 @triton.jit
@@ -76,7 +76,9 @@ def _int_weight_gemv_kernel(
         x = tl.load(x_ptr + offs_w[:, None] * per_word + values[None, :], mask=w_mask[:, None], other=0.0)
         x = x.to(tl.float32)  # [WORDS, per_word]
         q = (words[:, :, None] >> (values * BITS)[None, None, :]) & ((1 << BITS) - 1)
-        dots = tl.sum(q.to(tl.float32) * x[None, :, :], axis=2)  # [BLOCK_N, WORDS]
+        # q as float without the (quarter-rate) int-to-float conversion: 2**23 + q has q in its mantissa bits.
+        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        dots = tl.sum(qf * x[None, :, :], axis=2)  # [BLOCK_N, WORDS]
         group = (offs_w * per_word // GROUP)[None, :]
         scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + group, mask=nw_mask, other=0.0).to(tl.float32)
         if HAS_ZEROS:
