@@ -3,9 +3,9 @@ rank's shard of the model, then serve the driver's commands (method calls and st
 
 Every rank runs every step (tensor-parallel layers meet in collectives; pipeline stages pass activations on).
 The last stage's ranks sample from the same gathered logits with the same seeds, and so hold the same sampled ids
-for the next step's inputs; only its rank 0 sends results. After a step that rank reads the next command before
-waiting for that step's tokens, when one is already queued, so the driver's next step is launched while this one
-finishes (async scheduling)."""
+for the next step's inputs; only its rank 0 sends results. After launching a step that rank waits for whichever
+comes first, the step's tokens or the driver's next command: a command that comes first is launched behind the
+running step (async scheduling), so the device does not idle between steps while tokens cross the pipe."""
 
 from __future__ import annotations
 
@@ -123,6 +123,16 @@ def _wait_for_command(conn: Connection, parent_pid: int | None) -> None:
             raise EOFError("the driver process is gone")
 
 
+def _command_before_tokens(conn: Connection, pending: LaunchedStep) -> bool:
+    """Poll until the driver's next command is queued (True) or ``pending``'s tokens are ready (False). It spins:
+    a sleep between polls would add its length to every step's latency."""
+    while True:
+        if conn.poll(0):
+            return True
+        if pending.is_ready():
+            return False
+
+
 def _serve(
     runner: ModelRunner, conn: Connection, rank: int, device: torch.device, parent_pid: int | None, steps_taken
 ) -> None:
@@ -133,7 +143,7 @@ def _serve(
     timer = StepTimer(device, enabled=False)
     pending: LaunchedStep | None = None  # rank 0: a launched step whose tokens are not sent yet
     while True:
-        if pending is not None and not conn.poll(0):
+        if pending is not None and not _command_before_tokens(conn, pending):
             conn.send(("step", pending.result()))
             pending = None
         _wait_for_command(conn, parent_pid)

@@ -72,6 +72,10 @@ class LaunchedStep:
         self._prompt_logprobs = prompt_logprobs
         self._verification = verification  # a speculative step: verified on the host already
 
+    def is_ready(self) -> bool:
+        """Whether ``result()`` would return without waiting for the device."""
+        return self._done is None or self._done.query()
+
     def result(self) -> ModelRunnerOutput:
         if self._verification is not None:
             return self._verified_result(self._verification)
