@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from brisk import LLM, SamplingParams
 from brisk.layers.attention.torch_ref import TorchAttentionImpl
 from brisk.layers.attention.triton_backend import TritonAttentionImpl
-from brisk.layers.attention.triton_kernels import _round_to_e4m3
 from brisk.layers.quantization.fp8_utils import FP8_DTYPE
 from brisk.layers.quantization.kv_cache import quantize_kv
+from brisk.layers.quantization.triton_fp8 import round_to_e4m3
 from brisk.layers.rotary import RotaryEmbedding
 from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
 from tests.layers.test_triton_attention import make_batch
@@ -173,7 +173,7 @@ def test_triton_backend_matches_torch_backend_over_fp8(seqs, rotary):
 def _cast_kernel(x_ptr, y_ptr, N: tl.constexpr):
     offs = tl.arange(0, N)
     x = tl.clamp(tl.load(x_ptr + offs), -448.0, 448.0)
-    tl.store(y_ptr + offs, _round_to_e4m3(x).to(y_ptr.dtype.element_ty))
+    tl.store(y_ptr + offs, round_to_e4m3(x).to(y_ptr.dtype.element_ty))
 
 
 def test_triton_rounding_to_e4m3_matches_torch():

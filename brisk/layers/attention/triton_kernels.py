@@ -35,6 +35,7 @@ import triton.language as tl
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
 from brisk.layers.pdl import allow_next_kernel, pdl_launch_options, prefetch_line_to_l2, wait_for_previous_kernel
+from brisk.layers.quantization.triton_fp8 import round_to_e4m3
 from brisk.layers.triton_ops import rotary_factors, rotate_heads
 
 LOG2E = 1.4426950408889634
@@ -46,24 +47,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _round_to_e4m3(x):
-    """``x`` (float32 within +-448) rounded to the nearest float8_e4m3fn value, ties to even, in float32, so
-    that the cast after it is exact. (Triton's interpreter, which the CPU tests run, casts by dropping bits
-    without carrying into the exponent: 1.99 became 1.0.) Normal values keep 3 mantissa bits; below 2**-6 the
-    spacing is the subnormals' 2**-9, rounded by the add-and-subtract of 1.5 * 2**23 on the magnitude."""
-    bits = x.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
-    magnitude = tl.abs(x)
-    subnormal = ((magnitude * 512.0 + 12582912.0) - 12582912.0) / 512.0
-    return tl.where(magnitude < 0.015625, tl.where(bits < 0, -subnormal, subnormal), normal)  # keeps -0.0
-
-
-@triton.jit
 def _to_cache(x, scale, cache_dtype: tl.constexpr, FP8_KV: tl.constexpr):
     """``x`` as a cache entry: for an FP8 cache divided by the layer's scale, saturated at +-448 and rounded to
     nearest even (the readers fold the scale back into the attention scores and the output)."""
     if FP8_KV:
-        return _round_to_e4m3(tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)).to(cache_dtype)
+        return round_to_e4m3(tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)).to(cache_dtype)
     return x.to(cache_dtype)
 
 

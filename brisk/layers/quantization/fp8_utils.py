@@ -46,29 +46,36 @@ def fp8_linear(
     (GPU with FP8 tensor cores), or at batch 1 the weight-only FP8 GEMV; otherwise the same quantization with
     the product computed in float32."""
     rows = x.reshape(-1, x.shape[-1])
-    if native and rows.shape[0] == 1:
-        # Batch-1 decode is weight-bound: the GEMV reads the FP8 weight (half of bf16's bytes) and keeps the
-        # input unquantized (one kernel, no activation quantization; the scale is applied to each output).
-        from brisk.layers.triton_gemv import gemv
-
-        return gemv(rows, weight, bias, weight_scale.reshape(-1)).reshape(*x.shape[:-1], weight.shape[0])
-    if input_scale is None:
-        xq, x_scale = quantize_fp8_per_row(rows)
-    else:
-        xq, x_scale = quantize_fp8(rows, input_scale), input_scale.reshape(1, 1).expand(rows.shape[0], 1)
     if native:
-        # Row-wise scales on both sides (per token, per channel); row-wise _scaled_mm writes bfloat16.
-        out = torch._scaled_mm(
-            xq,
-            weight.t(),
-            scale_a=x_scale.contiguous(),
-            scale_b=weight_scale.reshape(1, -1).contiguous(),
-            out_dtype=torch.bfloat16,
-        ).to(x.dtype)
-        if bias is not None:
-            out = out + bias
+        out = _native_fp8_linear(rows, weight, weight_scale, bias, input_scale).to(x.dtype)
     else:
+        if input_scale is None:
+            xq, x_scale = quantize_fp8_per_row(rows)
+        else:
+            xq, x_scale = quantize_fp8(rows, input_scale), input_scale.reshape(1, 1)
         out = F.linear(dequantize(xq, x_scale), dequantize(weight, weight_scale)).to(x.dtype)
         if bias is not None:
             out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _native_fp8_linear(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    input_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """FP8 tensor cores: one row goes to the weight-only FP8 GEMV (batch-1 decode is weight-bound: it reads half
+    of bf16's bytes and keeps the input unquantized); more rows are quantized in one Triton launch (bit for bit
+    the torch quantization) and multiplied by ``torch._scaled_mm`` with row-wise scales, which writes bf16."""
+    from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
+    from brisk.layers.triton_gemv import gemv
+
+    if rows.shape[0] == 1:
+        return gemv(rows, weight, bias, weight_scale.reshape(-1))
+    xq, x_scale = quantize_fp8_rows(rows.contiguous(), input_scale)
+    out = torch._scaled_mm(
+        xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale.reshape(1, -1), out_dtype=torch.bfloat16
+    )
+    return out if bias is None else out + bias

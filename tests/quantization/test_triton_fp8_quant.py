@@ -1,0 +1,26 @@
+"""The one-kernel FP8 activation quantization (Triton's interpreter on the CPU; ``tests/gpu`` runs it through the
+FP8 GEMM) gives bit for bit the torch quantization it replaces on the GPU, per token and with a static scale."""
+
+import pytest
+import torch
+
+from brisk.layers.quantization.fp8_utils import quantize_fp8, quantize_fp8_per_row
+from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
+
+
+@pytest.mark.parametrize(("rows", "k"), [(1, 96), (5, 4200), (3, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_the_torch_quantization(rows, k, dtype):
+    gen = torch.Generator().manual_seed(rows * k)
+    x = (torch.randn(rows, k, generator=gen) * torch.logspace(-4, 2, rows)[:, None]).to(dtype)
+    x[0, :3] = 0.0
+    if rows > 2:
+        x[2] = 0.0  # an all-zero row takes the smallest scale
+    q, scale = quantize_fp8_rows(x)
+    q_ref, scale_ref = quantize_fp8_per_row(x)
+    assert torch.equal(scale, scale_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    static = torch.tensor([0.05])  # saturates the large rows
+    q, scale = quantize_fp8_rows(x, static)
+    assert torch.equal(q.view(torch.uint8), quantize_fp8(x, static).view(torch.uint8))
+    assert scale.shape == (rows, 1) and torch.all(scale == 0.05)
