@@ -3,8 +3,9 @@ dimension (element ``i`` at bits ``i * num_bits``), a scale per output channel o
 inputs, a zero point per scale (asymmetric; packed along the output dimension); inputs stay unquantized.
 
 On the CPU the weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors
-does), so the computation equals the library's decompressed model. On CUDA the packed weight goes to the Triton
-dequantizing GEMM (``triton_int_gemm.py``; written for the GPU, tested only under the interpreter)."""
+does), so the computation equals the library's decompressed model. On CUDA the packed weight stays as loaded:
+one row goes to a Triton GEMV that unpacks it in registers, more rows multiply a dequantized copy with cuBLAS
+(``triton_int_gemm.py``)."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ class CompressedTensorsWNA16:
         return (q * scale[..., None]).flatten(-2)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.use_kernel:  # written for CUDA; the kernel itself is tested under the Triton interpreter
+        if self.use_kernel:
             from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
 
             zeros = None if self.symmetric else layer.weight_zero_point
