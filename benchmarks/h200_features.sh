@@ -12,13 +12,7 @@
 #              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/brisk-out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/brisk-site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/brisk-site:$PWD PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source benchmarks/gpu_env.sh
 brisk() { python3 -m brisk.entrypoints.cli.main "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
 stage_tests() {
     # shellcheck disable=SC2086  # BRISK_TESTS is a list of pytest arguments

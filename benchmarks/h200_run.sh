@@ -17,15 +17,9 @@
 #   BRISK_SERVE_POINTS="1:2 2:4" BRISK_SERVE_INPUT_LEN=32 BRISK_SERVE_OUTPUT_LEN=8 bash benchmarks/h200_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/brisk-out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/brisk-site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/brisk-site:$PWD PYTHONUNBUFFERED=1
+source benchmarks/gpu_env.sh
 # FlashInfer, where it was installed into /tmp/fi-site (pip --target), joins the path so that its GPU tests run.
 [ -d /tmp/fi-site/flashinfer ] && PYTHONPATH=/tmp/fi-site:$PYTHONPATH
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PEER=()
 [ -f "$OUT/vllm_anchor.json" ] && PEER=(--peer-json "$OUT/vllm_anchor.json")
 bench() { python3 -m brisk.entrypoints.cli.main bench "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
