@@ -26,6 +26,7 @@ SCHEMES = {
     "w4a16-g64-asym": ("W4A16_ASYM", {"group_size": 64}),  # + packed zero points
     "w4a16-channel": ("W4A16", {"strategy": "channel", "group_size": None}),
     "nvfp4a16": ("NVFP4A16", {}),
+    "mxfp4a16": ("MXFP4A16", {}),  # mxfp4-pack-quantized: FP4 values, power-of-two (E8M0) scales per 32 inputs
     # the down projections left unquantized by a regex in the ignore list
     "w4a16-g32-ignore-down": (
         "W4A16",

@@ -36,9 +36,13 @@ def make_linear_method(weights: dict | None, inputs: dict | None, fmt: str, pref
 
         return CompressedTensorsWNA16(weights, prefix)
     if kind == "float" and bits == 4 and fmt == "nvfp4-pack-quantized" and inputs is None:
-        from brisk.layers.quantization.compressed_tensors.nvfp4 import CompressedTensorsNVFP4A16
+        from brisk.layers.quantization.compressed_tensors.fp4 import CompressedTensorsNVFP4A16
 
         return CompressedTensorsNVFP4A16(weights, prefix)
+    if kind == "float" and bits == 4 and fmt == "mxfp4-pack-quantized" and inputs is None:
+        from brisk.layers.quantization.compressed_tensors.fp4 import CompressedTensorsMXFP4A16
+
+        return CompressedTensorsMXFP4A16(weights, prefix)
     raise unsupported(
         prefix,
         f"format {fmt!r} with {kind} {bits}-bit weights and "
