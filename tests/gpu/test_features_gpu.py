@@ -113,3 +113,14 @@ def test_structured_outputs_and_logit_bias_on_the_device(tiny):
     forced = llm.engine.tokenizer.encode("z", add_special_tokens=False)[0]
     biased = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={forced: 100.0})
     assert all(t == [forced] * 8 for t in tokens(llm, biased, PROMPTS[:4]))
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_gptq_repacked_for_the_int_kernels(tiny, tmp_path, desc_act):
+    """GPTQ on CUDA goes through the Triton INT kernels (repacked at load, activation order sorted by group): the
+    CPU's float32 dequantization gives the same greedy tokens."""
+    from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
+
+    folder, _ = make_gptq_checkpoint(tiny, tmp_path / "gptq", 4, 32, desc_act, False)
+    cpu = LLM(folder, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 24)
+    assert tokens(make(folder, dtype="float32")) == tokens(cpu)

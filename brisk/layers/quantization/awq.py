@@ -2,8 +2,8 @@
 int32 along the output dimension in AWQ's interleaved order, with a zero point and a scale per group of
 ``group_size`` inputs.
 
-The weight is dequantized for each matmul, ``(q - zero) * scale`` in float32 (exact); a dequantizing GEMM kernel
-is future work."""
+On the CPU the weight is dequantized for each matmul, ``(q - zero) * scale`` in float32 (exact). On CUDA it is
+repacked once for the Triton kernels (``packed_int.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.layers.quantization.base_config import QuantizationConfig, add_param
+from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, use_int_kernels
 
 PACK_FACTOR = 8  # 4-bit values per int32
 # AWQ packs output columns 0..7 of a word in this order (nibble i holds column AWQ_ORDER[i]).
@@ -71,13 +72,20 @@ class AWQLinearMethod:
         add_param(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Unpacked once into ``[out, in]`` integers and ``[out, groups]`` zero points and scales."""
-        layer.weight_q = nn.Parameter(unpack_awq(layer.qweight.data).t().contiguous(), requires_grad=False)
+        """Unpacked once into ``[out, in]`` integers and ``[out, groups]`` zero points and scales (on CUDA, the
+        kernels' layout instead)."""
+        weight_q = unpack_awq(layer.qweight.data).t().contiguous()
+        zeros = unpack_awq(layer.qzeros.data).t().contiguous() if self.config.zero_point else None
+        self.use_kernel = use_int_kernels(layer.qweight)
         del layer.qweight
         if self.config.zero_point:
-            zeros = unpack_awq(layer.qzeros.data).t().contiguous()
             del layer.qzeros
-        else:  # symmetric: the unsigned values are offset by 8
+        if self.use_kernel:
+            set_kernel_weights(layer, weight_q, layer.scales.data.t(), zeros, bits=4)
+            del layer.scales
+            return
+        layer.weight_q = nn.Parameter(weight_q, requires_grad=False)
+        if zeros is None:  # symmetric: the unsigned values are offset by 8
             zeros = torch.full_like(layer.scales.data.t(), 8, dtype=torch.int8)
         layer.weight_zero = nn.Parameter(zeros, requires_grad=False)
         layer.scales = nn.Parameter(layer.scales.data.float().t().contiguous(), requires_grad=False)
@@ -87,4 +95,6 @@ class AWQLinearMethod:
         return ((q - layer.weight_zero.float()[..., None]) * layer.scales[..., None]).flatten(-2)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.use_kernel:
+            return kernel_linear(layer, x, bias, 4, self.config.group_size)
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

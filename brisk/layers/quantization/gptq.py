@@ -4,8 +4,9 @@ along the input dimension (``qweight`` [in / pack, out]), zero points packed alo
 ``desc_act`` the groups follow the activation order, not the input order).
 
 ``checkpoint_format`` "gptq" (v1, the default) stores each zero point minus one; "gptq_v2" stores it as is.
-The weight is dequantized for each matmul, ``(q - zero[g_idx]) * scale[g_idx]`` in float32 (exact); a
-dequantizing GEMM kernel is future work."""
+On the CPU the weight is dequantized for each matmul, ``(q - zero[g_idx]) * scale[g_idx]`` in float32 (exact).
+On CUDA it is repacked once for the Triton kernels (``packed_int.py``; with ``desc_act`` the inputs are sorted
+by group)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.layers.quantization.base_config import QuantizationConfig, add_param
+from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, unpack_int32, use_int_kernels
 
 SUPPORTED_BITS = (4, 8)
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> offset added to the stored zero points
-
-
-def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """Unsigned ``bits``-wide values packed low bits first along ``dim`` of an int32 tensor."""
-    shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
-    values = (packed.movedim(dim, -1)[..., None] >> shifts) & ((1 << bits) - 1)
-    return values.flatten(-2).movedim(-1, dim).to(torch.int16)
 
 
 class GPTQConfig(QuantizationConfig):
@@ -86,7 +81,7 @@ class GPTQLinearMethod:
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Unpacked once: ``[out, in]`` integers, and per input its group's zero point and scale gathered by
-        ``g_idx`` (so activation order costs nothing at run time)."""
+        ``g_idx`` (so activation order costs nothing at run time); on CUDA, the kernels' layout instead."""
         bits, g_idx = self.config.bits, layer.g_idx.data.long()
         if not bool((g_idx == g_idx[:1]).all()):
             raise ValueError(f"GPTQ {self.prefix}: the fused parts' g_idx differ; brisk needs one input order.")
@@ -95,6 +90,11 @@ class GPTQLinearMethod:
             raise ValueError(f"GPTQ {self.prefix}: g_idx names groups outside 0..{groups - 1}.")
         weight_q = unpack_int32(layer.qweight.data, bits, dim=0).t().contiguous()  # [out, in]
         zeros = unpack_int32(layer.qzeros.data, bits, dim=1) + self.config.zero_offset  # [groups, out]
+        self.use_kernel = use_int_kernels(layer.qweight)
+        if self.use_kernel:
+            self.group = layer.in_features // groups
+            self._set_kernel_weights(layer, weight_q, zeros, g_idx)
+            return
         layer.weight_q = nn.Parameter(weight_q, requires_grad=False)
         layer.weight_zero = nn.Parameter(zeros[g_idx].t().contiguous(), requires_grad=False)  # [out, in]
         layer.weight_scale = nn.Parameter(layer.scales.data.float()[g_idx].t().contiguous(), requires_grad=False)
@@ -103,5 +103,18 @@ class GPTQLinearMethod:
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         return (layer.weight_q - layer.weight_zero).float() * layer.weight_scale
 
+    def _set_kernel_weights(self, layer: nn.Module, weight_q: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor):
+        """The kernels read a group as ``group`` consecutive inputs: an activation order sorts the inputs."""
+        in_order = torch.arange(layer.in_features, device=g_idx.device) // self.group
+        order = None
+        if not torch.equal(g_idx, in_order):
+            order = torch.sort(g_idx, stable=True).indices
+            if not torch.equal(g_idx[order], in_order):
+                raise ValueError(f"GPTQ {self.prefix}: g_idx groups are not all {self.group} inputs long.")
+        set_kernel_weights(layer, weight_q, layer.scales.data.t(), zeros.t(), self.config.bits, order)
+        del layer.qweight, layer.qzeros, layer.scales, layer.g_idx
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.use_kernel:
+            return kernel_linear(layer, x, bias, self.config.bits, self.group)
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

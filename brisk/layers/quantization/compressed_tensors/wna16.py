@@ -16,18 +16,14 @@ from torch import nn
 from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import add_param, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported, weight_strategy
+from brisk.layers.quantization.packed_int import unpack_int32
 
 SUPPORTED_BITS = (2, 4, 8)  # whole values per int32 word
 
 
-def unpack_int32(packed: torch.Tensor, num_bits: int, size: int, dim: int) -> torch.Tensor:
-    """Unsigned ``num_bits`` values packed little-end first along ``dim`` of an int32 tensor, signed back
-    (minus ``2 ** (num_bits - 1)``) and cut to ``size`` along that dimension."""
-    moved = packed.movedim(dim, -1)
-    shifts = torch.arange(0, 32, num_bits, device=packed.device, dtype=torch.int32)
-    values = (moved[..., None] >> shifts) & ((1 << num_bits) - 1)
-    values = values.flatten(-2)[..., :size] - (1 << (num_bits - 1))
-    return values.to(torch.int8).movedim(-1, dim)
+def unpack_signed(packed: torch.Tensor, num_bits: int, size: int, dim: int) -> torch.Tensor:
+    """The packed unsigned values signed back (minus ``2 ** (num_bits - 1)``) and cut to ``size`` along ``dim``."""
+    return (unpack_int32(packed, num_bits, dim).narrow(dim, 0, size) - (1 << (num_bits - 1))).to(torch.int8)
 
 
 class CompressedTensorsWNA16:
@@ -85,11 +81,11 @@ class CompressedTensorsWNA16:
         # points. Elsewhere: unpacked once, dequantized per matmul.
         self.use_kernel = layer.weight_packed.is_cuda
         if not self.symmetric:
-            zeros = unpack_int32(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
+            zeros = unpack_signed(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
             offset = 1 << (self.num_bits - 1)
             replace_param(layer, "weight_zero_point", zeros.int() + offset if self.use_kernel else zeros)
         if not self.use_kernel:
-            qweight = unpack_int32(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
+            qweight = unpack_signed(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
             replace_param(layer, "weight_q", qweight)
             del layer.weight_packed
 

@@ -1,0 +1,46 @@
+"""GPTQ and AWQ checkpoints in the layout the GPU's Triton kernels read (``packed_int.py``): repacked at load
+time, activation order sorted by group, zero points and scales per group. The kernels run here under Triton's
+interpreter: the test routes the loaded weights to them on the CPU (``use_int_kernels``, which picks CUDA
+otherwise) and checks the greedy tokens and first-step logits against the CPU's float32 dequantization."""
+
+import pytest
+
+from brisk import LLM, SamplingParams
+from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
+from tests.quantization.test_awq import make_awq_checkpoint
+
+PROMPTS = ["The quick brown fox", "def add(a, b):"]
+PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3)
+
+
+def _run(folder: str) -> tuple[list[list[int]], list[dict], bool]:
+    """Greedy tokens, first-step logprobs, and whether the layers hold the kernels' packed layout."""
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False) + llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)
+    packed = any(hasattr(m, "weight_packed") for m in llm.engine.model_runner.model.modules())
+    return [o.outputs[0].token_ids for o in outputs], [o.outputs[0].logprobs[0] for o in outputs], packed
+
+
+def _assert_kernel_layout_matches(folder: str, monkeypatch) -> None:
+    expected_tokens, expected_logprobs, packed = _run(folder)
+    assert not packed
+    for module in ("gptq", "awq"):
+        monkeypatch.setattr(f"brisk.layers.quantization.{module}.use_int_kernels", lambda weight: True)
+    tokens, logprobs, packed = _run(folder)
+    assert packed
+    assert tokens == expected_tokens  # batch of two (dequantize + matmul) and one prompt alone (the GEMV)
+    for got, want in zip(logprobs, expected_logprobs):
+        assert got.keys() == want.keys()
+        for token in want:
+            assert got[token].logprob == pytest.approx(want[token].logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize(("bits", "group", "desc_act", "sym"), [(4, 32, True, False), (8, 64, False, True)])
+def test_gptq(tiny_llama, tmp_path, monkeypatch, bits, group, desc_act, sym):
+    folder, _ = make_gptq_checkpoint(tiny_llama, tmp_path / "m", bits, group, desc_act, sym, "gptq")
+    _assert_kernel_layout_matches(folder, monkeypatch)
+
+
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_awq(tiny_llama, tmp_path, monkeypatch, zero_point):
+    _assert_kernel_layout_matches(make_awq_checkpoint(tiny_llama, tmp_path / "m", zero_point), monkeypatch)
