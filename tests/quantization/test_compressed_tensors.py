@@ -33,6 +33,7 @@ SCHEMES = {
         {"group_size": 32, "ignore": ("re:.*mlp.down_proj",)},
     ),  # nvfp4-pack-quantized: FP4 values, FP8 group scales, global scales
 }
+ACTIVATION_QUANTIZED = {"FP8_DYNAMIC", "FP8", "W8A8"}  # presets whose inputs are quantized too
 
 
 def _reference(base: str, folder: str) -> tuple[list[list[int]], torch.Tensor]:
@@ -69,7 +70,8 @@ def _brisk_logits(llm: LLM) -> torch.Tensor:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_matches_library_reference(ct_checkpoint, tiny_llama, scheme):
-    """Greedy tokens exact; last-position logits within 1e-4 (float32 matmuls summed in another order)."""
+    """Greedy tokens exact; last-position logits within 1e-4 (float32 matmuls summed in another order), but for
+    the rounding flips of quantized inputs and NVFP4's bfloat16 weights (below)."""
     preset, weight_args = SCHEMES[scheme]
     folder = ct_checkpoint(preset, **weight_args)
     assert json.loads((Path(folder) / "config.json").read_text())["quantization_config"]["quant_method"] == (
@@ -80,9 +82,19 @@ def test_matches_library_reference(ct_checkpoint, tiny_llama, scheme):
     assert torch.isfinite(expected_logits).all(), "the checkpoint itself is broken (non-finite reference logits)"
     got = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == expected_tokens
-    # The library hands NVFP4 weights back rounded to bfloat16 (2**-9 relative): logits then move by hundredths.
-    atol = 0.1 if preset == "NVFP4A16" else 1e-4
-    torch.testing.assert_close(_brisk_logits(llm), expected_logits, rtol=0, atol=atol)
+    got_logits = _brisk_logits(llm)
+    if preset == "NVFP4A16":
+        # The library hands NVFP4 weights back rounded to bfloat16 (2**-9 relative): logits move by hundredths.
+        torch.testing.assert_close(got_logits, expected_logits, rtol=0, atol=0.1)
+    elif preset in ACTIVATION_QUANTIZED:
+        # Inputs rounded to an 8-bit grid at run time: float32 sums taken in another order upstream move an
+        # activation by an ulp, and one sitting on a rounding boundary lands a grid step away, which moves that
+        # prompt's logits by hundredths (seen: 0.018 on one prompt of four). A wrong scale or rounding rule would
+        # move every prompt: all but one must stay within 1e-4, and none may move further than such a step.
+        per_prompt = (got_logits - expected_logits).abs().amax(dim=1)
+        assert (per_prompt <= 1e-4).sum() >= len(PROMPTS) - 1 and (per_prompt <= 0.05).all(), per_prompt
+    else:
+        torch.testing.assert_close(got_logits, expected_logits, rtol=0, atol=1e-4)
 
 
 def test_nvfp4_weights_equal_the_library_dequantization_in_float32(ct_checkpoint):
