@@ -16,6 +16,7 @@ from brisk.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatResponseMessage,
+    UsageInfo,
 )
 from brisk.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from brisk.entrypoints.openai.serving_engine import (
@@ -94,7 +95,7 @@ class OpenAIServingChat(OpenAIServing):
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         stream = await self.submit(ids.id, prompt_ids, params)
         if req.stream:
-            return SSEResponse(self._stream(req, ids, stream, mode, echo), [stream])
+            return SSEResponse(self._stream(req, ids, stream, mode, echo, len(prompt_ids)), [stream])
         output = await self.final_output(stream)
         k = req.top_logprobs or 0
         choices = []
@@ -128,7 +129,13 @@ class OpenAIServingChat(OpenAIServing):
         return JSONResponse(response.model_dump())
 
     async def _stream(
-        self, req: ChatCompletionRequest, ids: ResponseIds, stream: RequestStream, mode: ToolMode, echo: str
+        self,
+        req: ChatCompletionRequest,
+        ids: ResponseIds,
+        stream: RequestStream,
+        mode: ToolMode,
+        echo: str,
+        num_prompt_tokens: int,
     ) -> AsyncIterator[str]:
         n = req.n
         k = req.top_logprobs or 0
@@ -145,8 +152,13 @@ class OpenAIServingChat(OpenAIServing):
 
         def chunk(choice: dict) -> str:
             data = {**base, "choices": [choice]}
-            if continuous_usage and last is not None:
-                data["usage"] = self.usage([last]).model_dump()
+            if continuous_usage:  # the role chunks come before any output: the prompt alone (as vLLM's)
+                usage = (
+                    self.usage([last])
+                    if last is not None
+                    else UsageInfo(prompt_tokens=num_prompt_tokens, total_tokens=num_prompt_tokens)
+                )
+                data["usage"] = usage.model_dump()
             elif include_usage:
                 data["usage"] = None
             return sse(data)

@@ -1,0 +1,276 @@
+"""Every request field in docs/serving.md's table ("Which fields are accepted") behaves as the table says, on the
+real server: implemented fields have their effect, fields whose value asks for nothing change nothing (the same
+greedy reply as without them), and fields asking for what brisk lacks are a 400 naming the field.
+
+The table is read from the docs, and every field it names must have a case here: a row added to the docs without
+a case, or a case for a field the docs do not list, fails the test."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import MODEL_NAME
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+BASE = {
+    C: {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0, "ignore_eos": True},
+    CHAT: {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Hello there"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+    },
+}
+TOKEN = 65  # a token id of the tiny model's vocabulary, forced by logit_bias / allowed_token_ids
+
+
+def table_fields() -> set[str]:
+    """The field names in the first column of the docs' table of request fields."""
+    text = DOC.read_text()
+    table = text.split("#### Which fields are accepted", 1)[1].split("####", 1)[0]
+    fields = set()
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith(("| field", "| ---")):
+            fields.update(re.findall(r"`([a-z_.]+)`", line.split("|")[1]))
+    return fields
+
+
+class Ctx:
+    """What a check sees: the response, and a way to ask the server more (the baseline, /detokenize)."""
+
+    def __init__(self, http: httpx.Client, path: str, response: httpx.Response):
+        self.http, self.path, self.response = http, path, response
+
+    def json(self) -> dict:
+        return self.response.json()
+
+    def events(self) -> list[dict]:
+        """A stream's JSON events (the final [DONE] left out)."""
+        lines = [line[6:] for line in self.response.text.splitlines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        return [json.loads(line) for line in lines[:-1]]
+
+    def baseline(self) -> dict:
+        return self.http.post(self.path, json=BASE[self.path]).json()
+
+    def text(self, body: dict | None = None) -> str:
+        choice = (body or self.json())["choices"][0]
+        return choice["text"] if "text" in choice else choice["message"]["content"]
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.http.post("/detokenize", json={"model": MODEL_NAME, "tokens": ids}).json()["prompt"]
+
+
+Check = Callable[[Ctx], Any]
+
+
+def same_as_baseline(ctx: Ctx) -> None:
+    assert ctx.text() == ctx.text(ctx.baseline())
+
+
+def usage(key: str, value: int) -> Check:
+    def check(ctx: Ctx) -> None:
+        assert ctx.json()["usage"][key] == value, ctx.json()["usage"]
+
+    return check
+
+
+def choices(count: int) -> Check:
+    def check(ctx: Ctx) -> None:
+        assert len(ctx.json()["choices"]) == count
+
+    return check
+
+
+def forced_token(ctx: Ctx) -> None:
+    assert ctx.text() == ctx.detokenize([TOKEN] * 4)
+
+
+def accepted(ctx: Ctx) -> None:
+    """Implemented with an effect a random tiny model cannot show reliably (sampling knobs): a valid reply.
+    Their effects are tested against references in tests/engine/test_sampling.py."""
+    assert ctx.json()["choices"]
+
+
+def streamed(ctx: Ctx) -> None:
+    """Server-sent events whose deltas add up to the reply sent whole (deltas may merge several tokens)."""
+    assert ctx.response.headers["content-type"].startswith("text/event-stream")
+    deltas = [c.get("text", c.get("delta", {}).get("content")) or "" for e in ctx.events() for c in e["choices"]]
+    assert "".join(deltas) == ctx.text(ctx.baseline())
+
+
+def last_chunk_usage(ctx: Ctx) -> None:
+    events = ctx.events()
+    assert not events[-1]["choices"] and events[-1]["usage"]["completion_tokens"] == 4
+
+
+def usage_on_every_chunk(ctx: Ctx) -> None:
+    counts = [e["usage"]["completion_tokens"] for e in ctx.events()]
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 4, counts
+
+
+def logprobs_present(ctx: Ctx) -> None:
+    assert ctx.json()["choices"][0]["logprobs"]
+
+
+def two_top_logprobs(ctx: Ctx) -> None:
+    assert all(len(t["top_logprobs"]) == 2 for t in ctx.json()["choices"][0]["logprobs"]["content"])
+
+
+def echoed(ctx: Ctx) -> None:
+    assert ctx.text().startswith(BASE[C]["prompt"])
+
+
+def one_of(*texts: str) -> Check:
+    def check(ctx: Ctx) -> None:
+        assert ctx.text() in texts, ctx.text()
+
+    return check
+
+
+def token_ids_named(ctx: Ctx) -> None:
+    assert ctx.json()["choices"][0]["logprobs"]["tokens"] == [f"token_id:{TOKEN}"] * 4
+
+
+def fewer_prompt_tokens(ctx: Ctx) -> None:
+    assert ctx.json()["usage"]["prompt_tokens"] < ctx.baseline()["usage"]["prompt_tokens"]
+
+
+def stopped_at(stop: str) -> Check:
+    def check(ctx: Ctx) -> None:
+        choice = ctx.json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop, choice
+
+    return check
+
+
+def response_id(expected: str) -> Check:
+    def check(ctx: Ctx) -> None:
+        assert ctx.json()["id"] == expected
+
+    return check
+
+
+BAD = "400"
+CONTINUE = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Well"}]
+JSON_CHOICE = {"type": "json_schema", "json_schema": {"name": "c", "schema": {"enum": ["yes", "no"]}}}
+NAMED_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+# field -> [(path, extra body, check or BAD)]; the base request's own fields (model, prompt, messages) need none
+CASES: dict[str, list[tuple[str, dict, Check | str]]] = {
+    "model": [(C, {}, accepted), (C, {"model": "no-such-model"}, BAD)],
+    "messages": [(CHAT, {}, accepted)],
+    "prompt": [(C, {"prompt": [1, 2, 3]}, usage("prompt_tokens", 3))],
+    "max_tokens": [(C, {"max_tokens": 2}, usage("completion_tokens", 2))],
+    "max_completion_tokens": [(CHAT, {"max_tokens": None, "max_completion_tokens": 2}, usage("completion_tokens", 2))],
+    "n": [(C, {"n": 3, "temperature": 1.0, "seed": 1}, choices(3)), (CHAT, {"n": 2}, choices(2))],
+    "temperature": [(C, {"temperature": 1.5, "seed": 3}, accepted)],
+    "top_p": [(C, {"temperature": 1.0, "top_p": 0.5, "seed": 3}, accepted)],
+    "stop": [(C, {"max_tokens": 8, "stop": ["zzz-never"]}, usage("completion_tokens", 8))],
+    "seed": [(C, {"temperature": 1.0, "seed": 7}, accepted)],
+    "presence_penalty": [(C, {"presence_penalty": 1.5}, accepted)],
+    "frequency_penalty": [(C, {"frequency_penalty": 1.5}, accepted)],
+    "stream": [(C, {"stream": True}, streamed), (CHAT, {"stream": True}, streamed)],
+    "stream_options.include_usage": [
+        (C, {"stream": True, "stream_options": {"include_usage": True}}, last_chunk_usage),
+    ],
+    "stream_options.continuous_usage_stats": [
+        (CHAT, {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+         usage_on_every_chunk),
+    ],
+    "logprobs": [(C, {"logprobs": 1}, logprobs_present), (CHAT, {"logprobs": True}, logprobs_present)],
+    "top_logprobs": [(CHAT, {"logprobs": True, "top_logprobs": 2}, two_top_logprobs)],
+    "echo": [(C, {"echo": True}, echoed)],
+    "response_format": [
+        (C, {"response_format": {"type": "text"}}, same_as_baseline),
+        (CHAT, {"max_tokens": 16, "response_format": JSON_CHOICE}, one_of('"yes"', '"no"')),
+        (CHAT, {"response_format": {"type": "xml"}}, BAD),
+    ],
+    "structured_outputs": [
+        (C, {"max_tokens": 16, "structured_outputs": {"choice": ["left", "right"]}}, one_of("left", "right")),
+        (C, {"structured_outputs": {"structural_tag": "{}"}}, BAD),
+    ],
+    "tools": [(CHAT, {"tools": [NAMED_TOOL], "tool_choice": "none"}, accepted)],
+    "tool_choice": [
+        (CHAT, {"tools": [NAMED_TOOL], "tool_choice": "none"}, accepted),
+        (CHAT, {"tools": [NAMED_TOOL], "tool_choice": "auto"}, BAD),  # this server has no --tool-call-parser
+    ],
+    "parallel_tool_calls": [(CHAT, {"parallel_tool_calls": True}, same_as_baseline)],
+    "logit_bias": [(C, {"logit_bias": {}}, same_as_baseline), (C, {"logit_bias": {str(TOKEN): 100}}, forced_token)],
+    "bad_words": [(C, {"bad_words": []}, same_as_baseline)],
+    "allowed_token_ids": [(C, {"allowed_token_ids": [TOKEN]}, forced_token)],
+    "top_k": [(C, {"temperature": 1.0, "top_k": 1}, same_as_baseline)],  # top-1 sampling is greedy
+    "min_p": [(C, {"temperature": 1.0, "min_p": 1.0}, same_as_baseline)],  # only the top token survives
+    "repetition_penalty": [(C, {"repetition_penalty": 1.3}, accepted)],
+    "min_tokens": [(C, {"ignore_eos": False, "min_tokens": 4}, usage("completion_tokens", 4))],
+    "ignore_eos": [(C, {"ignore_eos": True, "max_tokens": 12}, usage("completion_tokens", 12))],
+    "stop_token_ids": [(C, {"allowed_token_ids": [TOKEN], "stop_token_ids": [TOKEN]}, stopped_at(TOKEN))],
+    "skip_special_tokens": [(C, {"skip_special_tokens": False}, accepted)],
+    "include_stop_str_in_output": [(C, {"include_stop_str_in_output": True}, same_as_baseline)],  # no stop met
+    "spaces_between_special_tokens": [(C, {"spaces_between_special_tokens": False}, same_as_baseline)],
+    "add_special_tokens": [(C, {"add_special_tokens": True}, same_as_baseline)],  # completions' default
+    "truncate_prompt_tokens": [(C, {"truncate_prompt_tokens": 2}, usage("prompt_tokens", 2))],
+    "return_tokens_as_token_ids": [
+        (C, {"logprobs": 0, "allowed_token_ids": [TOKEN], "return_tokens_as_token_ids": True}, token_ids_named)
+    ],
+    "request_id": [(C, {"request_id": "fields-1"}, response_id("cmpl-fields-1"))],
+    "chat_template_kwargs": [(CHAT, {"chat_template_kwargs": {}}, same_as_baseline)],
+    "add_generation_prompt": [
+        (CHAT, {"add_generation_prompt": False}, fewer_prompt_tokens),
+        (CHAT, {"messages": CONTINUE, "add_generation_prompt": True, "continue_final_message": True}, BAD),
+    ],
+    "continue_final_message": [
+        (CHAT, {"messages": CONTINUE, "add_generation_prompt": False, "continue_final_message": True}, accepted),
+    ],
+    "best_of": [(C, {"n": 2, "best_of": 2, "temperature": 1.0}, choices(2)), (C, {"best_of": 3}, BAD)],
+    "user": [(C, {"user": "someone"}, same_as_baseline)],
+    "metadata": [(CHAT, {"metadata": {"k": "v"}}, same_as_baseline)],
+    "store": [(CHAT, {"store": False}, same_as_baseline), (CHAT, {"store": True}, BAD)],
+    "service_tier": [(C, {"service_tier": "auto"}, same_as_baseline), (C, {"service_tier": "flex"}, BAD)],
+    "priority": [(C, {"priority": 0}, same_as_baseline), (C, {"priority": 5}, BAD)],
+    "suffix": [(C, {"suffix": "end"}, BAD)],
+    "audio": [(CHAT, {"audio": {"voice": "alloy", "format": "wav"}}, BAD)],
+    "modalities": [(CHAT, {"modalities": ["text", "audio"]}, BAD)],
+    "prediction": [(CHAT, {"prediction": {"type": "content", "content": "x"}}, BAD)],
+    "web_search_options": [(CHAT, {"web_search_options": {}}, BAD)],
+    "function_call": [(CHAT, {"function_call": "auto"}, BAD)],
+    "functions": [(CHAT, {"functions": [NAMED_TOOL["function"]]}, BAD)],
+}  # fmt: skip
+
+
+def test_every_field_in_the_docs_has_a_case():
+    assert table_fields() == set(CASES), {"in the docs only": table_fields() - set(CASES),
+                                          "here only": set(CASES) - table_fields()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.client() as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("field", "path", "extra", "expect"),
+    [(field, *case) for field, cases in CASES.items() for case in cases],
+    ids=[f"{field}-{i}" for field, cases in CASES.items() for i in range(len(cases))],
+)
+def test_field_behaves_as_the_docs_say(http, field, path, extra, expect):
+    body = {k: v for k, v in {**BASE[path], **extra}.items() if v is not None}
+    response = http.post(path, json=body)
+    if isinstance(expect, str):  # an error status
+        assert response.status_code == int(expect), response.text
+        if expect == BAD:
+            param = response.json()["error"]["param"]  # the field, or a part of it (response_format.type)
+            assert param.split(".")[0] == field.split(".")[0], response.json()
+        return
+    assert response.status_code == 200, response.text
+    expect(Ctx(http, path, response))
