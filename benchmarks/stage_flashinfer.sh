@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Carries FlashInfer (the optional attention backend) to the H200, whose image has none and cannot reach PyPI.
-# Its wheel (101 MB) is over one call's 64 MiB, so it travels in two parts, in two calls back to back (the machine
-# stays warm about 30 s after a call):
-#   here, once:                                    bash benchmarks/stage_flashinfer.sh download
-#   device call 1, carry .carry/flashinfer/c1:     bash benchmarks/stage_flashinfer.sh receive
-#   device call 2, carry .carry/flashinfer/c2:     bash benchmarks/stage_flashinfer.sh install && <tests, benches>
+# Carries FlashInfer (the optional attention backend) to an offline GPU machine that only takes files in
+# transfers of at most 64 MiB. Its wheel (101 MB) travels in two parts, .carry/flashinfer/c1 and c2:
+#   on a machine with PyPI:                         bash benchmarks/stage_flashinfer.sh download
+#   on the GPU machine, with c1 copied over:        bash benchmarks/stage_flashinfer.sh receive
+#   then, with c2 copied over:                      bash benchmarks/stage_flashinfer.sh install && <tests, benches>
 # `install` unpacks into /tmp/fi-site, which benchmarks/h200_run.sh puts on PYTHONPATH. The image already has
 # FlashInfer's other imports (nvidia-ml-py, einops, ninja, click); apache-tvm-ffi travels with it.
 set -euo pipefail
