@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,11 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
@@ -55,6 +61,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: "uni" for one rank, "mp" for more
+    cpu_threads: int | None = None  # CPU: torch threads of the whole engine, split over its ranks (None: one a core)
     # Several machines, torchrun's names: node 0 runs the engine and its share of the ranks, the others only ranks.
     nnodes: int = 1
     node_rank: int = 0
@@ -85,6 +92,7 @@ class EngineArgs:
             f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size!r}.",
         )
         require(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
+        require(self.cpu_threads is None or self.cpu_threads >= 1, f"cpu_threads must be >= 1, got {self.cpu_threads}.")
         require(
             self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
             f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}.",
@@ -195,6 +203,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     **{
         name: ((int,), "an integer")
         for name in (
+            "cpu_threads",
             "max_model_len",
             "block_size",
             "max_num_batched_tokens",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from brisk.config import EngineArgs, ModelConfig
+from brisk.config import EngineArgs, ModelConfig, usable_cores
 from brisk.distributed.parallel_config import check_device_count, check_parallel_shapes
 from brisk.worker.model_runner import ModelRunner
 
@@ -21,8 +21,22 @@ def check_parallel_layout(args: EngineArgs, model_config: ModelConfig, device: t
 def runner_args(args: EngineArgs, attention_backend: str) -> dict:
     """``ModelRunner``'s arguments besides the model config and the device."""
     return dict(
-        block_size=args.block_size, attention_backend=attention_backend, load_format=args.load_format, seed=args.seed
+        block_size=args.block_size,
+        attention_backend=attention_backend,
+        load_format=args.load_format,
+        seed=args.seed,
+        cpu_threads=rank_cpu_threads(args),
     )
+
+
+def rank_cpu_threads(args: EngineArgs) -> int | None:
+    """torch threads of each CPU rank: the engine's ``cpu_threads`` (else one a core) shared by this machine's ranks,
+    so that ranks never oversubscribe the cores (threads waiting on each other collapse: docs/benchmarks.md).
+    None for a lone rank left at the default: torch's own count."""
+    ranks_here = args.world_size // args.nnodes
+    if args.cpu_threads is None and ranks_here == 1:
+        return None
+    return max(1, (args.cpu_threads or usable_cores()) // ranks_here)
 
 
 def create_executor(args: EngineArgs, model_config: ModelConfig, device: torch.device, attention_backend: str):

@@ -89,8 +89,7 @@ def worker_main(spec: WorkerSpec, conn: Connection | None, steps_taken) -> None:
             device = torch.device("cuda", spec.local_rank)
             torch.cuda.set_device(device)
         else:
-            device = torch.device("cpu")
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp_size * pp_size)))
+            device = torch.device("cpu")  # its threads: runner_args' cpu_threads
         torch.distributed.init_process_group(
             "nccl" if spec.device_type == "cuda" else "gloo",
             init_method=spec.init_method,

@@ -116,7 +116,10 @@ class ModelRunner:
         attention_backend: str,
         load_format: str,
         seed: int,
+        cpu_threads: int | None = None,
     ):
+        if device.type == "cpu" and cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
         self.model_config = model_config
         self.device = device
         self.block_size = block_size

@@ -110,6 +110,16 @@ def test_security_warning():
     assert "WITHOUT AN API KEY" in security_warning("0.0.0.0", None)
 
 
+def test_threads_leave_a_core_to_the_front_end():
+    """Unset, the engine takes every usable core but one (at least one); --threads overrides it."""
+    from brisk.config import usable_cores
+
+    assert _configs()[0].cpu_threads == max(1, usable_cores() - 1)
+    assert _configs("--threads", "3")[0].cpu_threads == 3
+    with pytest.raises(SystemExit):
+        _configs("--threads", "0")
+
+
 def test_engine_flags_are_engine_arguments():
     from brisk.config import EngineArgs
     from brisk.entrypoints.cli.engine_args import ENGINE_FLAGS

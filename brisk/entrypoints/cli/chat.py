@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if interactive:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
-    engine = common.build_engine(engine_args, args.threads)
+    engine = common.build_engine(engine_args)
     # Fail now, not at the first turn, when the model cannot chat (or not with this system message).
     conversation = Conversation(args.system)
     common.chat_prompt_ids(engine, [*conversation.messages(), {"role": "user", "content": "hi"}], _NO_TEMPLATE)

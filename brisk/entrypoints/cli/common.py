@@ -129,7 +129,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp8 (quantize the weights while loading), or the checkpoint's format (default: its quantization_config).",
     )
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8 (default: auto).")
-    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's, one per core).")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: one per core).")
     add_speculative_arguments(g)
     add_parallel_arguments(g)
     g.add_argument(
@@ -242,19 +242,16 @@ def engine_args_from_args(args: argparse.Namespace):
         **{name: getattr(args, name) for name in PARALLEL_FLAGS if getattr(args, name) is not None},
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
+        cpu_threads=args.threads,
     )
     engine_args.validate()
     return engine_args
 
 
-def build_engine(engine_args, threads: int | None = None):
+def build_engine(engine_args):
     """An ``LLMEngine``; a missing model raises a one-line FileNotFoundError."""
-    import torch
-
     from brisk.engine.engine import LLMEngine
 
-    if threads is not None:
-        torch.set_num_threads(threads)
     try:
         if engine_args.kv_cache_memory_bytes is None:
             engine_args.kv_cache_memory_bytes = _one_sequence_kv_bytes(engine_args)

@@ -32,6 +32,7 @@ ENGINE_FLAGS = (
     "enable_prefix_caching",
     "max_num_batched_tokens",
     "max_num_seqs",
+    "cpu_threads",
     "gpu_memory_utilization",
     "kv_cache_memory_bytes",
     "seed",
@@ -126,6 +127,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     )
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None, help="Token budget per step.")
     g.add_argument("--max-num-seqs", type=positive_int, default=None, help="Sequences per step (default: 256).")
+    g.add_argument(
+        "--threads",
+        dest="cpu_threads",
+        type=positive_int,
+        default=None,
+        help="CPU: torch threads of the engine, split over its ranks (default: one a core; brisk serve: one a "
+        "core but one, which the HTTP front end uses).",
+    )
     g.add_argument(
         "--gpu-memory-utilization",
         type=float,

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     common.quiet_startup(args.verbose)
 
     load_start = time.perf_counter()
-    engine = common.build_engine(engine_args, args.threads)
+    engine = common.build_engine(engine_args)
     load_s = time.perf_counter() - load_start
 
     if args.raw:
