@@ -31,12 +31,13 @@ class StepMessage:
 
     finished_ids: list[str]
     new_requests: list[NewRequestData]
-    request_ids: list[str]
+    request_ids: list[str] | None  # None: the rows of the last message, in its order (a steady decode batch)
     num_new_tokens: list[int]
     starts: list[int]
     samples: list[bool]
     num_pending_tokens: list[int]
-    new_output_tokens: dict[str, list[int]]  # output tokens the workers have not seen yet
+    num_new_output_tokens: list[int]  # per row: output tokens the workers have not seen yet ...
+    new_output_tokens: list[int]  # ... and those tokens, row after row
     new_block_ids: dict[str, list[int]]
     reset_blocks: list[str]  # preempted since: their new_block_ids are their whole table
     num_prompt_logprobs: dict[str, int]  # entries in prompt_logprobs, for requests that ask for them
@@ -56,21 +57,39 @@ class StepEncoder:
 
     def __init__(self) -> None:
         self._sent: dict[str, _Sent] = {}
+        self._last_ids: list[str] = []
 
     def encode(self, schedule: SchedulerOutput) -> StepMessage:
-        finished = [rid for rid, sent in self._sent.items() if sent.request.is_finished]
+        sent_by_id = self._sent
+        finished = [rid for rid, sent in sent_by_id.items() if sent.request.is_finished]
         for rid in finished:
-            del self._sent[rid]
+            del sent_by_id[rid]
         for request in schedule.preempted:
-            sent = self._sent.get(request.request_id)
+            sent = sent_by_id.get(request.request_id)
             if sent is not None and sent.request is request:
                 sent.num_blocks = -1
-        message = StepMessage(finished, [], [], [], [], [], [], {}, {}, [], {})
-        for request, num_new, start, sample in schedule.scheduled:
-            rid = request.request_id
-            sent = self._sent.get(rid)
+        rows = schedule.scheduled
+        requests = [row.request for row in rows]
+        ids = [request.request_id for request in requests]
+        message = StepMessage(
+            finished_ids=finished,
+            new_requests=[],
+            request_ids=ids,
+            num_new_tokens=[row.num_new_tokens for row in rows],
+            starts=[row.start for row in rows],
+            samples=[row.sample for row in rows],
+            num_pending_tokens=[request.num_pending_tokens for request in requests],
+            num_new_output_tokens=[],
+            new_output_tokens=[],
+            new_block_ids={},
+            reset_blocks=[],
+            num_prompt_logprobs={},
+        )
+        counts, tokens, tables = message.num_new_output_tokens, message.new_output_tokens, schedule.block_tables
+        for rid, request in zip(ids, requests):
+            sent = sent_by_id.get(rid)
             if sent is None or sent.request is not request:
-                sent = self._sent[rid] = _Sent(request)
+                sent = sent_by_id[rid] = _Sent(request)
                 message.new_requests.append(
                     NewRequestData(
                         rid,
@@ -80,16 +99,12 @@ class StepEncoder:
                         request.bad_words_token_ids,
                     )
                 )
-            message.request_ids.append(rid)
-            message.num_new_tokens.append(num_new)
-            message.starts.append(start)
-            message.samples.append(sample)
-            message.num_pending_tokens.append(request.num_pending_tokens)
             outputs = request.output_token_ids
-            if len(outputs) > sent.num_output_tokens:
-                message.new_output_tokens[rid] = outputs[sent.num_output_tokens :]
+            counts.append(len(outputs) - sent.num_output_tokens)
+            if counts[-1]:
+                tokens += outputs[sent.num_output_tokens :]
                 sent.num_output_tokens = len(outputs)
-            table = schedule.block_tables[rid]
+            table = tables[rid]
             if sent.num_blocks < 0:
                 message.reset_blocks.append(rid)
                 sent.num_blocks = 0
@@ -98,6 +113,9 @@ class StepEncoder:
                 sent.num_blocks = len(table)
             if request.prompt_logprobs is not None:
                 message.num_prompt_logprobs[rid] = len(request.prompt_logprobs)
+        if ids == self._last_ids and not message.new_requests:  # the same requests (a new one may reuse an id)
+            message.request_ids = None
+        self._last_ids = ids
         return message
 
 
@@ -110,6 +128,8 @@ class RequestMirror:
         self.samples = samples
         self._requests: dict[str, Request] = {}
         self._block_tables: dict[str, list[int]] = {}
+        self._rows: list[Request] = []  # the last message's rows, and their block tables
+        self._row_tables: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -125,10 +145,17 @@ class RequestMirror:
             request.bad_words_token_ids = new.bad_words_token_ids
             requests[new.request_id] = request
             tables[new.request_id] = []
-        for rid, tokens in message.new_output_tokens.items():
-            request = requests[rid]
-            for token in tokens:
-                request.append_output_token(token)
+        if message.request_ids is not None:  # other rows than last time
+            self._rows = [requests[rid] for rid in message.request_ids]
+            self._row_tables = {rid: tables[rid] for rid in message.request_ids}  # the lists below, shared
+        rows = self._rows
+        tokens, offset = message.new_output_tokens, 0
+        for request, count, pending in zip(rows, message.num_new_output_tokens, message.num_pending_tokens):
+            request.num_pending_tokens = pending
+            if count:
+                for token in tokens[offset : offset + count]:
+                    request.append_output_token(token)
+                offset += count
         for rid in message.reset_blocks:
             tables[rid].clear()
         for rid, block_ids in message.new_block_ids.items():
@@ -136,13 +163,6 @@ class RequestMirror:
         if self.samples:
             for rid, count in message.num_prompt_logprobs.items():
                 requests[rid].prompt_logprobs = [None] * count
-        scheduled: list[ScheduledRequest] = []
         samples = message.samples if self.samples else [False] * len(message.samples)
-        for rid, num_new, start, sample, pending in zip(
-            message.request_ids, message.num_new_tokens, message.starts, samples, message.num_pending_tokens
-        ):
-            request = requests[rid]
-            request.num_pending_tokens = pending
-            scheduled.append(ScheduledRequest(request, num_new, start, sample))
-        block_tables = {rid: tables[rid] for rid in message.request_ids}
-        return SchedulerOutput(scheduled, block_tables, sum(message.num_new_tokens))
+        scheduled = list(map(ScheduledRequest, rows, message.num_new_tokens, message.starts, samples))
+        return SchedulerOutput(scheduled, self._row_tables, sum(message.num_new_tokens))
