@@ -70,3 +70,45 @@ def test_streamed_tool_call(client):
         calls += chunk.choices[0].delta.tool_calls or [] if chunk.choices else []
     [call] = calls
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+FLIGHT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book_flight",
+        "description": "Book a flight",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "origin": {"type": "string"},
+                "destination": {"type": "string"},
+                "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+                "cabin": {"enum": ["economy", "business"]},
+            },
+            "required": ["origin", "destination", "passengers", "cabin"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_named_tool_choice_always_gives_valid_arguments(client, stream):
+    """Forced to the flight tool, even for requests that are not about flights, sampled at temperature 1: the
+    arguments always parse and follow the schema (structured outputs write them)."""
+    import jsonschema
+
+    schema = FLIGHT_TOOL["function"]["parameters"]
+    for seed, question in enumerate(["Two of us fly from Oslo to Rome in business.", "What is 2 + 2?", "Hello!"]):
+        reply = client.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": question}], tools=[FLIGHT_TOOL, *TOOLS],
+            tool_choice={"type": "function", "function": {"name": "book_flight"}}, temperature=1.0, seed=seed,
+            max_tokens=120, stream=stream,
+        )  # fmt: skip
+        if stream:
+            calls = [c for chunk in reply if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+        else:
+            calls = reply.choices[0].message.tool_calls
+        [call] = calls
+        assert call.function.name == "book_flight"
+        jsonschema.validate(json.loads(call.function.arguments), schema)
