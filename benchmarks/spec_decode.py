@@ -2,13 +2,15 @@
 without speculation, and the acceptance length.
 
     python benchmarks/spec_decode.py --model TARGET [--spec '{"method": "ngram", "num_speculative_tokens": 4}' ...]
-        [--num-prompts 32] [--max-tokens 256] [--temperature 0] [--device auto] [--json FILE]
+        [--num-prompts 32] [--max-tokens 256] [--temperature 0] [--device auto] [--engine JSON] [--json FILE]
 
 Each ``--spec`` (repeatable) and the plain engine run the same prompts one at a time through the chat template,
 with the same sampling settings. Per run: decode tok/s = output tokens after the first / (finished - first token
 time), summed over prompts (prefill excluded); for speculation also drafts proposed and accepted, the acceptance
 rate and the mean acceptance length (tokens per verifying step), and the speedup over the plain run. Greedy runs
-also check that speculation gave the plain run's tokens.
+also check that speculation gave the plain run's tokens. ``--engine`` adds engine arguments to every run (on the
+CPU, e.g. ``'{"max_model_len": 4096, "cpu_threads": 1}'``: target and draft KV for the models' full context do
+not fit the CPU's default 2 GiB).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from spec_decode_prompts import messages  # noqa: E402
 from brisk import LLM, SamplingParams  # noqa: E402
 
 
-def run(model: str, spec: dict | None, conversations: list, params: SamplingParams, device: str) -> dict:
-    llm = LLM(model, device=device, speculative_config=spec)
+def run(model: str, spec: dict | None, conversations: list, params: SamplingParams, engine: dict) -> dict:
+    llm = LLM(model, speculative_config=spec, **engine)
     llm.chat(conversations[0], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
     tokens, decode_s, drafts, accepted, steps, outputs = 0, 0.0, 0, 0, 0, []
     for conversation in conversations:
@@ -58,14 +60,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--engine", type=json.loads, default={}, help="more engine arguments for every run (JSON)")
     parser.add_argument("--json", default=None, help="write every number to this file")
     args = parser.parse_args()
     conversations = messages()[: args.num_prompts]
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=0)
-    plain, plain_tokens = run(args.model, None, conversations, params, args.device)
+    engine = {"device": args.device, **args.engine}
+    plain, plain_tokens = run(args.model, None, conversations, params, engine)
     results = [plain]
     for spec in args.spec:
-        result, tokens = run(args.model, spec, conversations, params, args.device)
+        result, tokens = run(args.model, spec, conversations, params, engine)
         result["speedup"] = round(result["decode_tok_s"] / plain["decode_tok_s"], 3)
         if args.temperature == 0:
             result["same_tokens_as_plain"] = tokens == plain_tokens
