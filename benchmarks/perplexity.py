@@ -71,7 +71,7 @@ def checkpoint(fmt: str, base: str, scratch: Path) -> tuple[str, dict]:
 
         return make_gptq_checkpoint(base, out, bits=4, group_size=group_size(base), desc_act=False, sym=True)[0], {}
     if fmt == "awq-w4":
-        from tests.quantization.test_awq import make_awq_checkpoint
+        from tests.quantization.awq_checkpoints import make_awq_checkpoint
 
         return make_awq_checkpoint(base, out, zero_point=True), {}
     raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")

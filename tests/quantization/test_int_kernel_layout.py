@@ -6,8 +6,8 @@ otherwise) and checks the greedy tokens and first-step logits against the CPU's 
 import pytest
 
 from brisk import LLM, SamplingParams
+from tests.quantization.awq_checkpoints import make_awq_checkpoint
 from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
-from tests.quantization.test_awq import make_awq_checkpoint
 
 PROMPTS = ["The quick brown fox", "def add(a, b):"]
 PARAMS = SamplingParams(temperature=0, max_tokens=4, logprobs=3)
