@@ -27,10 +27,12 @@ def init_tensor_parallel(rank: int, size: int, group=None) -> None:
     _TP_RANK, _TP_SIZE, _TP_GROUP = rank, size, group
 
 
-def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+def tensor_model_parallel_all_reduce(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``x`` summed (or with ``op="max"``, its largest value) over the tensor-parallel group, in place."""
     if _TP_SIZE == 1:
         return x
-    torch.distributed.all_reduce(x, group=_TP_GROUP)
+    reduce_op = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}[op]
+    torch.distributed.all_reduce(x, op=reduce_op, group=_TP_GROUP)
     return x
 
 

@@ -86,12 +86,6 @@ class LLMEngine:
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.model_config.quant_config = get_quantization_config(args.quantization, hf_config)
-        if self.model_config.quant_config is not None and args.world_size > 1:
-            # Per-part scale tensors (GPTQ's g_idx, per-tensor scales) are not split over ranks yet.
-            raise ValueError(
-                "Quantized weights are not supported with more than one rank yet: use tensor_parallel_size=1 and "
-                "pipeline_parallel_size=1, or an unquantized checkpoint."
-            )
         self.model_config.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype)
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.

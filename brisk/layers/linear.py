@@ -68,7 +68,11 @@ class UnquantizedLinearMethod:
 class LinearBase(nn.Module):
     """``quant_config`` (a ``brisk.layers.quantization`` config, or None for plain weights) picks this layer's
     ``quant_method`` from its ``prefix`` (the checkpoint's module name, for the config's ignore list), which
-    creates the parameters; ``output_partition_sizes`` are this rank's fused outputs (q, k, v or gate, up)."""
+    creates the parameters; ``output_partition_sizes`` are this rank's fused outputs (q, k, v or gate, up).
+    ``input_is_parallel``: each rank holds a slice of the inputs (row-parallel), so a quant method that derives
+    anything from whole weight rows (a per-channel scale) must reduce it over the ranks."""
+
+    input_is_parallel = False
 
     def __init__(
         self,
@@ -219,6 +223,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 class RowParallelLinear(LinearBase):
     """Input features split across ranks; partial outputs are summed with an all-reduce."""
+
+    input_is_parallel = True
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype, quant_config=None, prefix: str = ""

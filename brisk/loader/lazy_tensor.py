@@ -18,6 +18,11 @@ _DTYPES = {
     "I16": torch.int16,
     "I8": torch.int8,
     "U8": torch.uint8,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
     "BOOL": torch.bool,
 }
 
@@ -26,11 +31,16 @@ class LazyTensor:
     def __init__(self, safe_slice):
         self._slice = safe_slice
         self.shape = torch.Size(safe_slice.get_shape())
-        self.dtype = _DTYPES.get(safe_slice.get_dtype(), torch.uint8)
+        if safe_slice.get_dtype() not in _DTYPES:
+            raise ValueError(f"safetensors dtype {safe_slice.get_dtype()!r} is not supported")
+        self.dtype = _DTYPES[safe_slice.get_dtype()]
         self.num_elements_read = 0  # what left the file so far (tests check that a rank reads only its shard)
 
     def dim(self) -> int:
         return len(self.shape)
+
+    def numel(self) -> int:
+        return self.shape.numel()
 
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
@@ -48,6 +58,9 @@ class LazyTensor:
 
     def to(self, *args, **kwargs) -> torch.Tensor:
         return self.load().to(*args, **kwargs)
+
+    def reshape(self, *shape) -> torch.Tensor:
+        return self.load().reshape(*shape)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.quantization.base_config import QuantizationConfig, add_param
+from brisk.layers.quantization.base_config import QuantizationConfig, add_param, check_group_size
 from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, use_int_kernels
 
 PACK_FACTOR = 8  # 4-bit values per int32
@@ -60,8 +60,7 @@ class AWQLinearMethod:
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         group = self.config.group_size
-        if in_features % group:
-            raise ValueError(f"AWQ {self.prefix}: group_size {group} does not divide the input size {in_features}.")
+        check_group_size(f"AWQ {self.prefix}", layer, group, in_features)
         if any(size % PACK_FACTOR for size in layer.output_partition_sizes):
             raise ValueError(f"AWQ {self.prefix}: output sizes {layer.output_partition_sizes} are not multiples of 8.")
         groups, packed_cols = in_features // group, out_features // PACK_FACTOR

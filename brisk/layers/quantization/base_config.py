@@ -9,6 +9,7 @@ from typing import ClassVar, Protocol
 import torch
 from torch import nn
 
+from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.linear import set_weight_attrs
 
 
@@ -22,6 +23,19 @@ def add_param(layer: nn.Module, name: str, tensor: torch.Tensor, **attrs) -> nn.
 def replace_param(layer: nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Parameter ``name`` becomes ``tensor`` (the form a method computes with, after loading)."""
     setattr(layer, name, nn.Parameter(tensor, requires_grad=False))
+
+
+def check_group_size(what: str, layer: nn.Module, group: int, in_features: int) -> None:
+    """Groups of ``group`` inputs must tile the ``in_features`` this rank holds (``what`` names the format and
+    layer); a row-parallel layer holds a slice of the inputs, so its ranks each need whole groups."""
+    if in_features % group == 0:
+        return
+    size = f"the input size {in_features}"
+    ranks = get_tp_size()
+    if layer.input_is_parallel and ranks > 1:
+        size = (f"the input size {in_features} of each rank ({in_features * ranks} split over "
+                f"tensor_parallel_size={ranks}); use fewer ranks or a checkpoint with smaller groups")  # fmt: skip
+    raise ValueError(f"{what}: group_size {group} does not divide {size}.")
 
 
 class LinearMethod(Protocol):

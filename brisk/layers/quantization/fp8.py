@@ -1,14 +1,20 @@
 """``quantization="fp8"`` on a bf16/fp16/fp32 checkpoint: each linear layer's weight is quantized to FP8 once it
-is loaded (a float32 scale per output channel) and its input per token at run time."""
+is loaded (a float32 scale per output channel) and its input per token at run time.
+
+Under tensor parallelism each weight row keeps the scale it has on one rank (a row-parallel layer's ranks agree
+on the row's largest magnitude), so every rank's FP8 weights are a slice of the single-rank ones. The inputs of
+a row-parallel layer are quantized per token over this rank's slice of them, as vLLM does: one scale per
+(token, rank) is finer than one per token, and agreeing on it would cost a collective per layer and step."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from brisk.distributed.parallel_state import tensor_model_parallel_all_reduce
 from brisk.layers.linear import set_weight_attrs
 from brisk.layers.quantization.base_config import QuantizationConfig
-from brisk.layers.quantization.fp8_utils import fp8_linear, has_fp8_tensor_cores, quantize_fp8_per_row
+from brisk.layers.quantization.fp8_utils import fp8_linear, has_fp8_tensor_cores, quantize_fp8_per_row, row_amax
 
 
 class Fp8Config(QuantizationConfig):
@@ -38,7 +44,10 @@ class Fp8OnlineLinearMethod:
         layer.weight = set_weight_attrs(weight, output_dim=0, input_dim=1)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        qweight, scale = quantize_fp8_per_row(layer.weight.data)
+        amax = row_amax(layer.weight.data)
+        if layer.input_is_parallel:  # this rank holds part of each row: scale by the whole row, as one rank would
+            amax = tensor_model_parallel_all_reduce(amax, op="max")
+        qweight, scale = quantize_fp8_per_row(layer.weight.data, amax)
         layer.weight = nn.Parameter(qweight, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.native = has_fp8_tensor_cores(qweight.device)

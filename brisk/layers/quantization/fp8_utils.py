@@ -22,10 +22,16 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
-def quantize_fp8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row scaled so its largest magnitude maps to 448 (per output channel for a weight, per token for an
-    activation); returns the FP8 tensor and the float32 scales, shape ``(rows, 1)``."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+def row_amax(x: torch.Tensor) -> torch.Tensor:
+    """Each row's largest magnitude as float32, shape ``(rows, 1)``."""
+    return x.abs().amax(dim=-1, keepdim=True).float()
+
+
+def quantize_fp8_per_row(x: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row scaled so its largest magnitude (``amax``, default :func:`row_amax`) maps to 448 (per output
+    channel for a weight, per token for an activation); returns the FP8 tensor and the float32 scales, shape
+    ``(rows, 1)``. A weight row split over ranks passes the whole row's ``amax``."""
+    scale = ((row_amax(x) if amax is None else amax) / FP8_MAX).clamp(min=_MIN_SCALE)
     return quantize_fp8(x, scale), scale
 
 

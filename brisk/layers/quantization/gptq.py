@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import QuantizationConfig, add_param
 from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, unpack_int32, use_int_kernels
 
@@ -61,28 +62,35 @@ class GPTQLinearMethod:
         self.prefix = prefix
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        """A row-parallel layer (``in_features`` a slice of the inputs) keeps every group's scales and zero
+        points and its slice of ``g_idx``: with ``desc_act`` any input of the slice may belong to any group."""
         pack = 32 // self.config.bits
-        group = in_features if self.config.group_size == -1 else self.config.group_size
-        if in_features % group:
-            raise ValueError(f"GPTQ {self.prefix}: group_size {group} does not divide the input size {in_features}.")
+        ranks = get_tp_size() if layer.input_is_parallel else 1
+        total_in = in_features * ranks
+        group = total_in if self.config.group_size == -1 else self.config.group_size
+        if total_in % group:
+            raise ValueError(f"GPTQ {self.prefix}: group_size {group} does not divide the input size {total_in}.")
         if in_features % pack or any(size % pack for size in layer.output_partition_sizes):
             raise ValueError(
-                f"GPTQ {self.prefix}: sizes must be multiples of {pack} to pack {self.config.bits}-bit values."
+                f"GPTQ {self.prefix}: sizes per rank must be multiples of {pack} to pack {self.config.bits}-bit "
+                f"values (inputs {in_features}, outputs {layer.output_partition_sizes})."
             )
-        groups = in_features // group
+        groups = total_in // group
         add_param(layer, "qweight", torch.empty(in_features // pack, out_features, dtype=torch.int32),
                   input_dim=0, output_dim=1, packed_dim=0, packed_factor=pack)  # fmt: skip
         add_param(layer, "qzeros", torch.empty(groups, out_features // pack, dtype=torch.int32),
-                  input_dim=0, output_dim=1, packed_dim=1, packed_factor=pack)  # fmt: skip
-        add_param(layer, "scales", torch.empty(groups, out_features, dtype=dtype), input_dim=0, output_dim=1)
-        # One g_idx per fused part (q, k, v see the same inputs, so GPTQ gives them the same order: checked).
-        shards = len(layer.output_partition_sizes)
-        add_param(layer, "g_idx", torch.empty(shards, in_features, dtype=torch.int32), per_shard=True)
+                  output_dim=1, packed_dim=1, packed_factor=pack)  # fmt: skip
+        add_param(layer, "scales", torch.empty(groups, out_features, dtype=dtype), output_dim=1)
+        if layer.input_is_parallel:  # never fused: one g_idx, this rank's slice of it
+            add_param(layer, "g_idx", torch.empty(in_features, dtype=torch.int32), input_dim=0)
+        else:  # one g_idx per fused part (q, k, v see the same inputs, so GPTQ gives them one order: checked)
+            shards = len(layer.output_partition_sizes)
+            add_param(layer, "g_idx", torch.empty(shards, in_features, dtype=torch.int32), per_shard=True)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Unpacked once: ``[out, in]`` integers, and per input its group's zero point and scale gathered by
         ``g_idx`` (so activation order costs nothing at run time); on CUDA, the kernels' layout instead."""
-        bits, g_idx = self.config.bits, layer.g_idx.data.long()
+        bits, g_idx = self.config.bits, layer.g_idx.data.long().reshape(-1, layer.in_features)
         if not bool((g_idx == g_idx[:1]).all()):
             raise ValueError(f"GPTQ {self.prefix}: the fused parts' g_idx differ; brisk needs one input order.")
         g_idx, groups = g_idx[0], layer.scales.shape[0]
@@ -92,7 +100,7 @@ class GPTQLinearMethod:
         zeros = unpack_int32(layer.qzeros.data, bits, dim=1) + self.config.zero_offset  # [groups, out]
         self.use_kernel = use_int_kernels(layer.qweight)
         if self.use_kernel:
-            self.group = layer.in_features // groups
+            self.group = layer.in_features * (get_tp_size() if layer.input_is_parallel else 1) // groups
             self._set_kernel_weights(layer, weight_q, zeros, g_idx)
             return
         layer.weight_q = nn.Parameter(weight_q, requires_grad=False)
@@ -104,14 +112,23 @@ class GPTQLinearMethod:
         return (layer.weight_q - layer.weight_zero).float() * layer.weight_scale
 
     def _set_kernel_weights(self, layer: nn.Module, weight_q: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor):
-        """The kernels read a group as ``group`` consecutive inputs: an activation order sorts the inputs."""
-        in_order = torch.arange(layer.in_features, device=g_idx.device) // self.group
+        """The kernels read a group as ``group`` consecutive inputs: an activation order sorts the inputs. A
+        row-parallel rank keeps the groups its slice holds (whole groups only: with ``desc_act`` the slices split
+        them, which the kernels cannot read)."""
+        first = int(g_idx.min()) if g_idx.numel() else 0
+        held = layer.in_features // self.group
+        in_order = first + torch.arange(layer.in_features, device=g_idx.device) // self.group
         order = None
-        if not torch.equal(g_idx, in_order):
+        if layer.in_features % self.group or not torch.equal(g_idx, in_order):
             order = torch.sort(g_idx, stable=True).indices
-            if not torch.equal(g_idx[order], in_order):
-                raise ValueError(f"GPTQ {self.prefix}: g_idx groups are not all {self.group} inputs long.")
-        set_kernel_weights(layer, weight_q, layer.scales.data.t(), zeros.t(), self.config.bits, order)
+            if layer.in_features % self.group or not torch.equal(g_idx[order], in_order):
+                why = ""
+                if layer.input_is_parallel and get_tp_size() > 1:
+                    why = (" on this rank: tensor parallelism splits activation-order groups over the ranks; use "
+                           "tensor_parallel_size=1 or a checkpoint made with desc_act=False")  # fmt: skip
+                raise ValueError(f"GPTQ {self.prefix}: g_idx groups are not all {self.group} inputs long{why}.")
+        scales, zeros = layer.scales.data[first : first + held], zeros[first : first + held]
+        set_kernel_weights(layer, weight_q, scales.t(), zeros.t(), self.config.bits, order)
         del layer.qweight, layer.qzeros, layer.scales, layer.g_idx
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

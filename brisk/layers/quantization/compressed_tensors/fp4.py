@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.quantization.base_config import add_param, replace_param
+from brisk.layers.quantization.base_config import add_param, check_group_size, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import (
     add_per_shard_scale,
     per_row,
@@ -44,11 +44,7 @@ class CompressedTensorsFP4A16:
             raise unsupported(prefix, "asymmetric FP4 weights")
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
-        if in_features % self.group_size:
-            raise ValueError(
-                f"compressed-tensors scheme of {self.prefix}: group_size {self.group_size} does not divide the "
-                f"input size {in_features}."
-            )
+        check_group_size(f"compressed-tensors scheme of {self.prefix}", layer, self.group_size, in_features)
         packed = torch.empty(out_features, in_features // 2, dtype=torch.uint8)
         add_param(layer, "weight_packed", packed, output_dim=0, input_dim=1, packed_dim=1, packed_factor=2)
         scale = torch.empty(out_features, in_features // self.group_size, dtype=self.scale_dtype)

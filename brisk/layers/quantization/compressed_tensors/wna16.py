@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.distributed.parallel_state import get_tp_size
-from brisk.layers.quantization.base_config import add_param, replace_param
+from brisk.layers.quantization.base_config import add_param, check_group_size, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported, weight_strategy
 from brisk.layers.quantization.packed_int import unpack_int32
 
@@ -41,11 +41,7 @@ class CompressedTensorsWNA16:
         if in_features % per_word:
             raise unsupported(self.prefix, f"input size {in_features} (not a multiple of {per_word})")
         group = self.group_size or in_features
-        if in_features % group:
-            raise ValueError(
-                f"compressed-tensors scheme of {self.prefix}: group_size {group} does not divide the input size "
-                f"{in_features}."
-            )
+        check_group_size(f"compressed-tensors scheme of {self.prefix}", layer, group, in_features)
         groups = in_features // group
         add_param(
             layer,
