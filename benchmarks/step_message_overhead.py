@@ -27,6 +27,8 @@ from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput  # noqa: E4
 from brisk.executor.step_sync import RequestMirror, StepEncoder  # noqa: E402
 from brisk.sampling_params import SamplingParams  # noqa: E402
 
+VOCAB_SIZE = 128256  # Llama 3's (the width of a grammar's bitmask; no request here has one)
+
 BLOCK_SIZE = 16
 
 
@@ -60,7 +62,7 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
-    encoder, mirror = StepEncoder(), RequestMirror()
+    encoder, mirror = StepEncoder(VOCAB_SIZE), RequestMirror()
     parts: dict[str, list[float]] = {"encode": [], "pickle": [], "unpickle": [], "apply": []}
     sizes = []
     for i, schedule in enumerate(decode_steps(args.batch, args.prompt_len, args.steps)):

@@ -19,9 +19,8 @@ _IDLE_WAIT_S = 0.05  # how long an otherwise idle engine waits for a grammar bef
 
 
 class RequestConstraints:
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int], world_size: int = 1):
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: frozenset[int]):
         self.tokenizer = tokenizer
-        self.world_size = world_size
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._compiler: GrammarCompiler | None = None
@@ -36,9 +35,6 @@ class RequestConstraints:
         for name in ("bad_words", "structured_outputs"):
             if getattr(params, name) is not None and self.tokenizer is None:
                 raise ValueError(f"{name} needs the model's tokenizer, and this engine has none.")
-        if params.structured_outputs is not None and self.world_size > 1:
-            # The grammar's matcher lives on the driver, and the sampling rank does not receive its bitmask yet.
-            raise ValueError("structured_outputs is not supported with more than one rank yet (tensor_parallel_size).")
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word as it would be generated, alone and after a space (vLLM's rule)."""

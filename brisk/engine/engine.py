@@ -93,9 +93,7 @@ class LLMEngine:
             args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
-        self.constraints = RequestConstraints(
-            self.tokenizer, hf_config.vocab_size, self.eos_token_ids, args.world_size
-        )
+        self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
 
         backend = args.attention_backend or default_backend(self.device)
         if backend not in ATTENTION_BACKENDS:

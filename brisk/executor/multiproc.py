@@ -154,7 +154,7 @@ class MultiprocExecutor:
         self._result_rank = (pipeline_parallel_size - 1) * tensor_parallel_size  # the last stage's first rank
         self.timeout_s = timeout_s or worker_timeout_s()
         self.failure: str | None = None
-        self._encoder = StepEncoder()
+        self._encoder = StepEncoder(model_config.hf_config.vocab_size)
         self._inbox: list[deque] = [deque() for _ in range(self.world_size)]  # messages read ahead, per rank
         if master_port is None:
             master_port = _free_port() if nnodes == 1 else DEFAULT_MASTER_PORT

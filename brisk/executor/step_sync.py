@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from brisk.engine.request import Request
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
 from brisk.sampling_params import SamplingParams
+from brisk.structured_outputs.state import GrammarMask
 
 
 @dataclass
@@ -41,6 +44,7 @@ class StepMessage:
     new_block_ids: dict[str, list[int]]
     reset_blocks: list[str]  # preempted since: their new_block_ids are their whole table
     num_prompt_logprobs: dict[str, int]  # entries in prompt_logprobs, for requests that ask for them
+    grammar_bitmasks: dict[str, torch.Tensor]  # rows that sample under a grammar: the tokens it allows next
 
 
 @dataclass
@@ -55,7 +59,8 @@ class _Sent:
 class StepEncoder:
     """Driver side: turns each ``SchedulerOutput`` into a ``StepMessage`` of the changes since the last one."""
 
-    def __init__(self) -> None:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size  # the width of a grammar's bitmask
         self._sent: dict[str, _Sent] = {}
         self._last_ids: list[str] = []
 
@@ -84,6 +89,7 @@ class StepEncoder:
             new_block_ids={},
             reset_blocks=[],
             num_prompt_logprobs={},
+            grammar_bitmasks={},
         )
         counts, tokens, tables = message.num_new_output_tokens, message.new_output_tokens, schedule.block_tables
         for rid, request in zip(ids, requests):
@@ -113,6 +119,11 @@ class StepEncoder:
                 sent.num_blocks = len(table)
             if request.prompt_logprobs is not None:
                 message.num_prompt_logprobs[rid] = len(request.prompt_logprobs)
+        # A grammar's matcher lives here: its requests keep the engine synchronous (``needs_token_history``), so
+        # it has taken every earlier token and says what may come next.
+        for row, request in zip(rows, requests):
+            if row.sample and request.grammar is not None and not request.grammar.done:
+                message.grammar_bitmasks[request.request_id] = request.grammar.next_token_bitmask(self.vocab_size)
         if ids == self._last_ids and not message.new_requests:  # the same requests (a new one may reuse an id)
             message.request_ids = None
         self._last_ids = ids
@@ -130,6 +141,7 @@ class RequestMirror:
         self._block_tables: dict[str, list[int]] = {}
         self._rows: list[Request] = []  # the last message's rows, and their block tables
         self._row_tables: dict[str, list[int]] = {}
+        self._masked: list[Request] = []  # requests given a grammar's bitmask by the last message
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -163,6 +175,11 @@ class RequestMirror:
         if self.samples:
             for rid, count in message.num_prompt_logprobs.items():
                 requests[rid].prompt_logprobs = [None] * count
+            for request in self._masked:
+                request.grammar = None
+            self._masked = [requests[rid] for rid in message.grammar_bitmasks]
+            for request in self._masked:
+                request.grammar = GrammarMask(message.grammar_bitmasks[request.request_id])
         samples = message.samples if self.samples else [False] * len(message.samples)
         scheduled = list(map(ScheduledRequest, rows, message.num_new_tokens, message.starts, samples))
         return SchedulerOutput(scheduled, self._row_tables, sum(message.num_new_tokens))

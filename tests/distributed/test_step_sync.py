@@ -15,6 +15,8 @@ from brisk.executor.step_sync import RequestMirror, StepEncoder
 from brisk.sampling_params import SamplingParams
 from tests.engine.test_kv_cache_manager import drive, fake_tokens, random_scheduler
 
+VOCAB_SIZE = 384  # the width of grammar bitmasks (none in these runs)
+
 
 def assert_mirrored(schedule, mirrored) -> None:
     assert len(mirrored.scheduled) == len(schedule.scheduled)
@@ -34,7 +36,7 @@ def assert_mirrored(schedule, mirrored) -> None:
 def test_mirror_rebuilds_every_schedule(seed, overlap):
     rng = random.Random(100 + seed)
     sched = random_scheduler(rng, enable_caching=True)
-    encoder, mirror = StepEncoder(), RequestMirror()
+    encoder, mirror = StepEncoder(VOCAB_SIZE), RequestMirror()
     in_flight = None
 
     def step():
@@ -55,7 +57,7 @@ def test_mirror_rebuilds_every_schedule(seed, overlap):
 def test_a_new_request_under_a_finished_ones_id_is_sent_whole():
     """The server takes request ids from clients (vLLM's ``request_id``), so a finished request's id can come back
     at once, alone in the same single row: the workers must get the new request, not reuse the old one's row."""
-    encoder, mirror = StepEncoder(), RequestMirror()
+    encoder, mirror = StepEncoder(VOCAB_SIZE), RequestMirror()
     params = SamplingParams(max_tokens=4)
     first, second = Request("a", [1, 2, 3], params, frozenset()), Request("a", [7, 8], params, frozenset())
     step = SchedulerOutput([ScheduledRequest(first, 3, 0, True)], {"a": [0]}, 3)

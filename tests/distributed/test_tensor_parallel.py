@@ -5,8 +5,11 @@ async scheduling (TP only) and ``n > 1`` in the same run."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
+import jsonschema
 import pytest
 
 from brisk import LLM, SamplingParams
@@ -82,3 +85,36 @@ def test_parallel_matches_one_rank(tmp_path, caplog, arch, kv_heads, tp, pp):
         assert stats.prefix_cache_hits > 0
     finally:
         llm.engine.model_runner.shutdown()
+
+
+def test_structured_outputs_on_two_ranks(tiny_llama):
+    """The grammar's matcher stays on the driver; each step's message carries the sampling rank the bitmask of
+    every row under a grammar. Sampled at temperature 1 with seeds, two ranks give one rank's tokens, and every
+    text follows its grammar."""
+    from tests.engine.test_structured_outputs import SCHEMAS
+
+    constraints = [
+        {"json": SCHEMAS[0], "disable_any_whitespace": True},
+        {"regex": r"[0-9]{3}-[a-z]{2}"},
+        {"choice": ["yes", "no way"]},
+    ]
+    params = [
+        SamplingParams(n=2, temperature=1.0, seed=7 + i, max_tokens=120, structured_outputs=so)
+        for i, so in enumerate(constraints)
+    ]
+    runs = []
+    for tp in (2, 1):
+        llm = LLM(tiny_llama, device="cpu", tensor_parallel_size=tp, max_model_len=256)
+        try:
+            runs.append(llm.generate(["Data:", "Code:", "Answer:"], params, use_tqdm=False))
+        finally:
+            if tp > 1:
+                llm.engine.model_runner.shutdown()
+    assert [[c.token_ids for c in out.outputs] for out in runs[0]] == [
+        [c.token_ids for c in out.outputs] for out in runs[1]
+    ]
+    texts = [[c.text for c in out.outputs] for out in runs[0]]
+    for text in texts[0]:
+        jsonschema.validate(json.loads(text, strict=False), SCHEMAS[0])
+    assert all(re.fullmatch(r"[0-9]{3}-[a-z]{2}", text) for text in texts[1])
+    assert all(text in ("yes", "no way") for text in texts[2])
