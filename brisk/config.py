@@ -160,12 +160,19 @@ class EngineArgs:
             f"distributed_executor_backend='uni' runs one rank in the engine's process; tensor_parallel_size x "
             f"pipeline_parallel_size = {self.world_size} ranks need 'mp'.",
         )
+        speculative = self.parsed_speculative_config()
         require(
-            self.speculative_config is None or self.world_size == 1,
-            "speculative_config is not supported with more than one rank yet: use tensor_parallel_size=1 and "
-            "pipeline_parallel_size=1, or leave speculative decoding off.",
+            speculative is None or speculative.method == "ngram" or self.world_size == 1,
+            "speculative_config method 'draft_model' is not supported with more than one rank yet (the worker "
+            "processes run no draft model): use tensor_parallel_size=1 and pipeline_parallel_size=1, or method "
+            "'ngram'.",
         )
-        self.parsed_speculative_config()
+        require(
+            speculative is None or self.pipeline_parallel_size == 1,
+            "speculative_config is not supported with pipeline_parallel_size > 1 yet (a verification needs the "
+            "previous step's tokens, which the pipeline's batches in flight do not wait for): use tensor "
+            "parallelism only, or leave speculative decoding off.",
+        )
 
     def parsed_speculative_config(self) -> SpeculativeConfig | None:
         """``speculative_config`` validated (a ValueError names the field to fix), or None without one."""

@@ -45,6 +45,7 @@ class StepMessage:
     reset_blocks: list[str]  # preempted since: their new_block_ids are their whole table
     num_prompt_logprobs: dict[str, int]  # entries in prompt_logprobs, for requests that ask for them
     grammar_bitmasks: dict[str, torch.Tensor]  # rows that sample under a grammar: the tokens it allows next
+    spec_token_ids: dict[str, list[int]]  # speculative decoding: the drafts each row verifies this step
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Sent:
     request: Request
     num_output_tokens: int = 0
     num_blocks: int = 0  # -1: preempted since, the next row resends the whole table
+    table: list[int] | None = None  # the block table sent from; another list (a rollback's) is resent whole
 
 
 class StepEncoder:
@@ -90,6 +92,7 @@ class StepEncoder:
             reset_blocks=[],
             num_prompt_logprobs={},
             grammar_bitmasks={},
+            spec_token_ids=schedule.spec_token_ids,
         )
         counts, tokens, tables = message.num_new_output_tokens, message.new_output_tokens, schedule.block_tables
         for rid, request in zip(ids, requests):
@@ -111,9 +114,10 @@ class StepEncoder:
                 tokens += outputs[sent.num_output_tokens :]
                 sent.num_output_tokens = len(outputs)
             table = tables[rid]
-            if sent.num_blocks < 0:
+            if sent.num_blocks < 0 or (table is not sent.table and sent.table is not None):
                 message.reset_blocks.append(rid)
                 sent.num_blocks = 0
+            sent.table = table
             if len(table) > sent.num_blocks:
                 message.new_block_ids[rid] = table[sent.num_blocks :]
                 sent.num_blocks = len(table)
@@ -168,8 +172,10 @@ class RequestMirror:
                 for token in tokens[offset : offset + count]:
                     request.append_output_token(token)
                 offset += count
-        for rid in message.reset_blocks:
-            tables[rid].clear()
+        for rid in message.reset_blocks:  # a new list, as on the driver: the model runner follows tables by identity
+            tables[rid] = []
+            if rid in self._row_tables:
+                self._row_tables[rid] = tables[rid]
         for rid, block_ids in message.new_block_ids.items():
             tables[rid].extend(block_ids)
         if self.samples:
@@ -182,4 +188,6 @@ class RequestMirror:
                 request.grammar = GrammarMask(message.grammar_bitmasks[request.request_id])
         samples = message.samples if self.samples else [False] * len(message.samples)
         scheduled = list(map(ScheduledRequest, rows, message.num_new_tokens, message.starts, samples))
-        return SchedulerOutput(scheduled, self._row_tables, sum(message.num_new_tokens))
+        return SchedulerOutput(
+            scheduled, self._row_tables, sum(message.num_new_tokens), spec_token_ids=message.spec_token_ids
+        )

@@ -28,8 +28,15 @@ from brisk.entrypoints.cli.main import main
         ({"tensor_parallel_size": 2, "nnodes": 2, "node_rank": 1}, "runs only that node's ranks"),
         # features not split over ranks yet: refused rather than wrong
         (
-            {"tensor_parallel_size": 2, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
-            "speculative_config is not supported with more than one rank",
+            {
+                "tensor_parallel_size": 2,
+                "speculative_config": {"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
+            },
+            "speculative_config method 'draft_model' is not supported with more than one rank",
+        ),
+        (
+            {"pipeline_parallel_size": 2, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+            "speculative_config is not supported with pipeline_parallel_size > 1",
         ),
     ],
 )

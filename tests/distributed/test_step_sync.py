@@ -54,6 +54,42 @@ def test_mirror_rebuilds_every_schedule(seed, overlap):
     assert len(mirror) == 0
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_mirror_follows_speculative_rollbacks(seed):
+    """With drafts (partly right, as in the rollback fuzzer), a rejected draft's block is freed and the table
+    shrinks into a new list: the workers' tables must follow, drafts included, and be new lists too (the model
+    runner follows tables by identity and copies only what was appended)."""
+    from tests.spec_decode.test_rollback_fuzz import propose, verify
+
+    rng = random.Random(200 + seed)
+    sched = random_scheduler(rng, enable_caching=True)
+    encoder, mirror = StepEncoder(VOCAB_SIZE), RequestMirror()
+    tables_seen: dict[str, list[int]] = {}
+    rollbacks = 0
+
+    def step():
+        nonlocal rollbacks
+        for request in sched.running:
+            if request.num_computed_tokens == request.num_tokens - 1:
+                request.spec_token_ids = propose(rng, request)
+        out = sched.schedule()
+        mirrored = mirror.apply(pickle.loads(pickle.dumps(encoder.encode(out))))
+        assert_mirrored(out, mirrored)
+        assert mirrored.spec_token_ids == out.spec_token_ids
+        for rid, table in mirrored.block_tables.items():
+            previous = tables_seen.get(rid)
+            if previous is not None and previous is table and len(out.block_tables[rid]) < len(previous):
+                raise AssertionError(f"{rid}: a shorter table kept its list")
+            tables_seen[rid] = table
+        sampled, accepted = verify(out)
+        before = {rid: len(table) for rid, table in out.block_tables.items()}
+        sched.update_from_output(out, sampled, accepted)
+        rollbacks += sum(len(sched.kv.req_to_block_ids.get(rid, ())) < n for rid, n in before.items())
+
+    drive(rng, sched, step)
+    assert rollbacks > 0  # tables did shrink
+
+
 def test_a_new_request_under_a_finished_ones_id_is_sent_whole():
     """The server takes request ids from clients (vLLM's ``request_id``), so a finished request's id can come back
     at once, alone in the same single row: the workers must get the new request, not reuse the old one's row."""

@@ -108,3 +108,16 @@ def test_seeded_sampling_is_reproducible(tiny_llama, baseline):
     again = llm.generate(prompts[:2] + prompts[4:6], params, use_tqdm=False)[:2]
     assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in again]
     assert sum(o.metrics.num_draft_tokens for o in first) > 0
+
+
+def test_ngram_speculation_on_two_ranks(tiny_llama, baseline):
+    """The proposer runs in the engine's process; each step's message carries the drafts, the sampling rank
+    verifies them and sends back the accepted ones, and a rollback's shorter block table reaches the workers."""
+    prompts, expected = baseline
+    llm = LLM(tiny_llama, device="cpu", speculative_config=NGRAM, tensor_parallel_size=2)
+    try:
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    finally:
+        llm.engine.model_runner.shutdown()
+    assert token_ids(outputs) == expected
+    assert_speculated(outputs)
