@@ -10,6 +10,9 @@
 #     workers  W1 and W3 with the model in a worker process (--distributed-executor-backend mp) beside in-process
 #     json     W2-shaped batch of 256 with and without a JSON schema (needs a SmolLM2 tokenizer folder in
 #              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
+#     spec     n-gram speculative decoding on a real model (BRISK_SPEC_MODEL: a GGUF or HF folder, default
+#              /tmp/brisk-models/smollm2.gguf): the editing prompts at batch 1 with k = 2, 4, 6, then every prompt
+#              at batch 1, 8, 32 and 128 with k = 4, each beside the same engine without speculation
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
@@ -48,6 +51,17 @@ stage_json() {
         --tokenizer "${BRISK_TOKENIZER:-.scratch/smollm2-tokenizer}" >/dev/null
     python3 benchmarks/structured_outputs_throughput.py --model "$model" --json "$OUT/structured_outputs.json" \
         --engine '{"load_format": "dummy", "max_model_len": 4096, "dtype": "bfloat16"}' 2>&1 | tail -3
+}
+stage_spec() {
+    local model=${BRISK_SPEC_MODEL:-/tmp/brisk-models/smollm2.gguf} k bs specs=()
+    for k in 2 4 6; do specs+=(--spec "{\"method\": \"ngram\", \"num_speculative_tokens\": $k}"); done
+    python3 benchmarks/spec_decode.py --model "$model" --prompts rewrite "${specs[@]}" \
+        --json "$OUT/spec_ngram_rewrite_bs1.json" 2>&1 | grep -E '"(decode_tok_s|speedup|mean_acceptance_length|same_tokens_as_plain)"'
+    for bs in 1 8 32 128; do
+        python3 benchmarks/spec_decode.py --model "$model" --batch-size "$bs" \
+            --spec '{"method": "ngram", "num_speculative_tokens": 4}' --json "$OUT/spec_ngram_all_bs$bs.json" 2>&1 |
+            grep -E '"(output_tok_s|output_speedup|mean_acceptance_length|same_tokens_as_plain)"'
+    done
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for stage in "$@"; do

@@ -63,8 +63,8 @@ PROMPTS = WRITE + REWRITE
 assert len(PROMPTS) == 32
 
 
-def messages() -> list[list[dict]]:
-    return [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
+def messages(prompts: list[str] = PROMPTS) -> list[list[dict]]:
+    return [[{"role": "user", "content": prompt}] for prompt in prompts]
 
 
 if __name__ == "__main__":
