@@ -10,6 +10,7 @@
 #     workers  W1 and W3 with the model in a worker process (--distributed-executor-backend mp) beside in-process
 #     json     W2-shaped batch of 256 with and without a JSON schema (needs a SmolLM2 tokenizer folder in
 #              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
+#     stepmsg  the per-step cost of the step message to worker processes at batch 256, on this host's CPU
 #     spec     n-gram speculative decoding on a real model (BRISK_SPEC_MODEL: a GGUF or HF folder, default
 #              /tmp/brisk-models/smollm2.gguf): the editing prompts at batch 1 with k = 2, 4, 6, then every prompt
 #              at batch 1, 8, 32 and 128 with k = 4, each beside the same engine without speculation
@@ -51,6 +52,9 @@ stage_json() {
         --tokenizer "${BRISK_TOKENIZER:-.scratch/smollm2-tokenizer}" >/dev/null
     python3 benchmarks/structured_outputs_throughput.py --model "$model" --json "$OUT/structured_outputs.json" \
         --engine '{"load_format": "dummy", "max_model_len": 4096, "dtype": "bfloat16"}' 2>&1 | tail -3
+}
+stage_stepmsg() {
+    python3 benchmarks/step_message_overhead.py --steps 600 --json "$OUT/step_message.json" 2>&1 | tail -8
 }
 stage_spec() {
     local model=${BRISK_SPEC_MODEL:-/tmp/brisk-models/smollm2.gguf} k bs specs=()
