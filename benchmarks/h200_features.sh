@@ -20,7 +20,7 @@ source benchmarks/gpu_env.sh
 brisk() { python3 -m brisk.entrypoints.cli.main "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
 stage_tests() {
     # shellcheck disable=SC2086  # BRISK_TESTS is a list of pytest arguments
-    timeout 420 python3 -m pytest -q -p no:cacheprovider ${BRISK_TESTS:-tests/gpu} -x -rs 2>&1 |
+    timeout 420 python3 -m pytest -q -p no:cacheprovider ${BRISK_TESTS:-tests/gpu} -rs 2>&1 |
         tee "$OUT/gpu_tests.log" | tail -25
 }
 stage_tune() {
