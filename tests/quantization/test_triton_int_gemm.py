@@ -1,11 +1,13 @@
 """The Triton dequantizing GEMM over compressed-tensors' packed layout (packed by the library itself), against
-the dequantized weight, under TRITON_INTERPRET=1 on the CPU: decode (1 row), odd and multi-tile batches."""
+the dequantized weight, under TRITON_INTERPRET=1 on the CPU: decode (1 row), odd and multi-tile batches, and the
+one-row GEMV's tiles (2, 4 and 8 bits, with and without zero points, partial row blocks and K steps)."""
 
 import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
-from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
+from brisk.layers.quantization import triton_int_gemm
+from brisk.layers.quantization.triton_int_gemm import GemvConfig, int_weight_gemm
 
 
 @pytest.mark.parametrize(
@@ -33,6 +35,37 @@ def test_matches_the_dequantized_weight(bits, group, asymmetric, rows, in_featur
     unsigned_zeros = zeros.int() + offset if asymmetric else None
     out = int_weight_gemm(x, packed, scales, unsigned_zeros, bits, group)
     torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=1e-4 * in_features / 128)  # fp32 sums of K terms
+
+
+@pytest.mark.parametrize(
+    ("bits", "group", "asymmetric", "in_features", "config"),
+    [
+        (4, 128, False, 1024, GemvConfig(4, 32, 1)),  # eight groups of 16 words, two a K step
+        (4, 32, True, 1152, GemvConfig(4, 64, 2)),  # 144 words: K steps of 16 groups, the last a quarter full
+        (4, 64, True, 512, GemvConfig(8, 8, 1)),  # a K step per group
+        (8, 32, False, 384, GemvConfig(4, 32, 1)),  # 8-bit: four values a word, three K steps
+        (8, 128, True, 640, GemvConfig(2, 64, 2)),  # 160 words: two full K steps and a half
+        (8, 64, True, 256, GemvConfig(4, 16, 1)),
+        (2, 64, True, 512, GemvConfig(4, 16, 1)),  # 2-bit: sixteen values a word
+        (2, 128, False, 768, GemvConfig(4, 32, 1)),
+    ],
+)
+def test_gemv_matches_the_float64_product(monkeypatch, bits, group, asymmetric, in_features, config):
+    """The one-row GEMV for 45 outputs (the last row block partial) over several groups and K steps, some of
+    them partial: the products are exact and their float32 sums within a few roundings."""
+    monkeypatch.setattr(triton_int_gemm, "GEMV_CONFIG", config)
+    gen = torch.Generator().manual_seed(bits * 1000 + group + in_features)
+    out_features, offset = 45, 1 << (bits - 1)
+    q = torch.randint(-offset, offset, (out_features, in_features), generator=gen, dtype=torch.int8)
+    scales = torch.rand(out_features, in_features // group, generator=gen) * 0.1
+    zeros = torch.randint(-offset, offset, scales.shape, generator=gen, dtype=torch.int8) if asymmetric else None
+    signed_zero = zeros.double() if asymmetric else torch.zeros_like(scales, dtype=torch.float64)
+    weight = (q.double() - signed_zero.repeat_interleave(group, 1)) * scales.double().repeat_interleave(group, 1)
+    x = torch.randn(1, in_features, generator=gen)
+    unsigned_zeros = zeros.int() + offset if asymmetric else None
+    out = int_weight_gemm(x, pack_to_int32(q, bits), scales, unsigned_zeros, bits, group)
+    magnitude = (x.double().abs() @ weight.abs().T).max().item()  # float32 sums err by a few 2**-24 of this
+    torch.testing.assert_close(out.double(), x.double() @ weight.T, rtol=0, atol=2e-5 * magnitude)
 
 
 @pytest.mark.parametrize(("bits", "asymmetric"), [(4, True), (8, False)])

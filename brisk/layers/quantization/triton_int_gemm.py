@@ -1,5 +1,5 @@
-"""Triton weight-only integer GEMM: ``x @ W^T`` with ``W = (q - zero) * scale`` from packed 4- or 8-bit values, so
-batch-1 decode reads a quarter (int4) or half (int8) of a projection's bf16 bytes.
+"""Triton weight-only integer GEMM: ``x @ W^T`` with ``W = (q - zero) * scale`` from packed 2-, 4- or 8-bit
+values, so batch-1 decode reads a quarter (int4) or half (int8) of a projection's bf16 bytes.
 
 Layout (compressed-tensors' ``pack-quantized``, kept as loaded): ``packed [N, K * bits / 32]`` int32, value ``k``
 of a row at bits ``(k % per_word) * bits`` of word ``k // per_word``, unsigned (offset ``2 ** (bits - 1)``
@@ -7,19 +7,47 @@ for symmetric weights); ``scales [N, K / group]``; ``zeros [N, K / group]`` (uns
 A GEMV serves one row (batch-1 decode); more rows dequantize the weight into the activation dtype and multiply
 with cuBLAS.
 
+The GEMV spends an and, a subtraction and a fused multiply-add on each value (about five instructions with the
+loads, conversions and scales, in its sm_90 code), in 2-D ``[rows, words]`` tiles with one cross-lane reduction
+per output block. Its predecessor unpacked ``[rows, words, values]`` tiles and reduced them twice every K step,
+with layout conversions and a scale gathered per value: 0.3 to 0.6 TB/s on an H200. This one reached 0.9 to 1.7
+TB/s there (INT4, groups of 128: 81 to 84 us for the four Llama-3.1-8B projections of a layer, against 142 us for
+the bf16 GEMV and 224 us before); the same loads with one add a word took 55 us, so it is still bound by its
+instructions and their latency rather than by memory. The sums are float32 sums of the exact products
+``(q - zero) * x``, rounded once to the output dtype.
+
 Tested under ``TRITON_INTERPRET=1`` on the CPU and on an H200 (``tests/gpu``) against the dequantized
 reference."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# The GEMV's (BLOCK_N, BLOCK_K, num_warps), from an H200 sweep of the 8B projections (benchmarks/tune_int_gemv.py),
-# and the dequantizing kernel's (BLOCK_N, WORDS) tile (a lead, not yet measured).
-GEMV_CONFIG = (8, 1024, 4)
+
+class GemvConfig(NamedTuple):
+    block_n: int  # outputs a program computes
+    words: int  # packed words of each of its rows per K step
+    num_warps: int
+
+
+def gemv_config(n: int) -> GemvConfig:
+    """The GEMV's tile for ``n`` outputs. On an H200 (benchmarks/tune_int_gemv.py: INT4, groups of 128, the
+    Llama-3.1-8B projections, best of three medians), 4 x 512 words over 4 warps (4 rows of 4 words a lane) took
+    84 us for the four projections; 4 x 256 or 2 x 256 words over 2 warps were within 2%, tiles of 8 rows 12 to
+    45% slower, and programs that walk several row blocks loading the next tile ahead (into registers, or
+    through Triton's cp.async pipelining) 4 to 50% slower. The MLP's 28672 outputs went 7 to 16% faster with one
+    warp per 4 x 128 words, which made the other shapes 8 to 37% slower."""
+    return GemvConfig(4, 128, 1) if n >= 16384 else GemvConfig(4, 512, 4)
+
+
+# The GEMV's tile for every shape when set (benchmarks/tune_int_gemv.py sweeps it), else gemv_config's; and the
+# dequantizing kernel's (BLOCK_N, WORDS) tile (a lead, not yet measured).
+GEMV_CONFIG: GemvConfig | None = None
 DEQUANTIZE_TILE = (16, 64)
 
 
@@ -69,39 +97,108 @@ def dequantize_packed(
 
 
 @triton.jit
+def _pairs(x):
+    """The even and the odd elements along the last axis of ``x [WORDS, 2 * n]``, each ``[WORDS, n]``."""
+    return tl.split(tl.reshape(x, (x.shape[0], x.shape[1] // 2, 2)))
+
+
+@triton.jit
+def _columns4(x):
+    """Columns ``0..3`` of ``x [WORDS, 4]``, each ``[WORDS]``."""
+    even, odd = _pairs(x)
+    e0, e1 = tl.split(even)
+    o0, o1 = tl.split(odd)
+    return e0, o0, e1, o1
+
+
+@triton.jit
+def _columns8(x):
+    even, odd = _pairs(x)
+    e0, e1, e2, e3 = _columns4(even)
+    o0, o1, o2, o3 = _columns4(odd)
+    return e0, o0, e1, o1, e2, o2, e3, o3
+
+
+@triton.jit
+def _columns16(x):
+    even, odd = _pairs(x)
+    e0, e1, e2, e3, e4, e5, e6, e7 = _columns8(even)
+    o0, o1, o2, o3, o4, o5, o6, o7 = _columns8(odd)
+    return e0, o0, e1, o1, e2, o2, e3, o3, e4, o4, e5, o5, e6, o6, e7, o7
+
+
+@triton.jit(do_not_specialize=["stride_pn"])
 def _int_weight_gemv_kernel(
-    x_ptr, packed_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, stride_pn, stride_sn, stride_zn,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, packed_ptr, scales_ptr, zeros_ptr, out_ptr, N, K_WORDS, stride_pn, stride_sn, stride_zn,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """One row: each program owns ``BLOCK_N`` outputs and walks K, loading whole packed words (contiguous, each
-    read once). A word's values meet their inputs as a ``[words, values]`` tile (no reshape), and the group's
-    scale and zero point are applied once per word: ``(sum_j q_j x_j - zero * sum_j x_j) * scale``."""
-    per_word: tl.constexpr = 32 // BITS
-    WORDS: tl.constexpr = BLOCK_K // per_word
+    """One row: each program owns ``BLOCK_N`` outputs and walks their packed words in ``[BLOCK_N, WORDS]``
+    tiles. Everything stays in that 2-D shape, one float32 sum per word, until the one cross-lane reduction at
+    the end; per element the loop costs an and, a subtraction and a fused multiply-add.
+
+    Layout: lane ``l`` of the program holds words ``l, l + 32 * num_warps, ...`` of each of its rows. That is the
+    layout in which the inputs arrive: the ``[WORDS, per_word]`` tile of inputs, contiguous, is loaded as one
+    vector a word (16 bytes for 4 bits, 8 for 8 bits; 2-bit words' 32 bytes take two lanes and a pass through
+    shared memory) and split into its ``per_word`` columns in registers. (With the row stride
+    unspecialized, Triton loads the words 4 bytes a lane, still 128 contiguous bytes a warp, rather than 16 bytes
+    a lane, which would need the inputs moved through shared memory to meet them; that measured slower.)
+
+    Values: each half-word is put under the exponent of ``2**23``; value ``j`` of a word, masked out in place,
+    is then ``q * 2**s`` (``s`` its offset in the half) in the mantissa, and one subtraction gives it exactly as
+    a float (no quarter-rate int-to-float conversion, no shift per value). Its input is scaled by ``2**-s``, also
+    exact, once per column for all ``BLOCK_N`` rows. Symmetric weights take the midpoint off in the same
+    subtraction; zero points come off once per word, as ``zero * sum_j x_j``. Each word's sum is multiplied by
+    its group's scale (a group spans ``GROUP / per_word`` words) into the accumulator. Rows past N repeat row
+    N - 1 and words past K read as zeros, with zero inputs, so that only the store is masked."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    PER_HALF: tl.constexpr = 16 // BITS
+    GROUP_WORDS: tl.constexpr = GROUP // PER_WORD
+    tl.static_assert(GROUP % PER_WORD == 0, "a group spans whole words")
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    values = tl.arange(0, per_word)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_w = k0 // per_word + tl.arange(0, WORDS)
-        w_mask = offs_w < K // per_word
-        nw_mask = n_mask[:, None] & w_mask[None, :]
-        words = tl.load(packed_ptr + offs_n[:, None].to(tl.int64) * stride_pn + offs_w[None, :], mask=nw_mask,
-                        other=0)  # fmt: skip
-        x = tl.load(x_ptr + offs_w[:, None] * per_word + values[None, :], mask=w_mask[:, None], other=0.0)
-        x = x.to(tl.float32)  # [WORDS, per_word]
-        q = (words[:, :, None] >> (values * BITS)[None, None, :]) & ((1 << BITS) - 1)
-        # q as float without the (quarter-rate) int-to-float conversion: 2**23 + q has q in its mantissa bits.
-        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        dots = tl.sum(qf * x[None, :, :], axis=2)  # [BLOCK_N, WORDS]
-        group = (offs_w * per_word // GROUP)[None, :]
-        scale = tl.load(scales_ptr + offs_n[:, None] * stride_sn + group, mask=nw_mask, other=0.0).to(tl.float32)
-        if HAS_ZEROS:
-            zero = tl.load(zeros_ptr + offs_n[:, None] * stride_zn + group, mask=nw_mask, other=0).to(tl.float32)
+    rows = tl.minimum(offs_n, N - 1)[:, None]
+    word_rows = packed_ptr + rows.to(tl.int64) * stride_pn
+    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    for w0 in range(0, K_WORDS, WORDS):
+        offs_w = w0 + tl.arange(0, WORDS)
+        x_ptrs = x_ptr + offs_w[:, None] * PER_WORD + tl.arange(0, PER_WORD)[None, :]
+        if EVEN_K:
+            words = tl.load(word_rows + offs_w[None, :])
+            x = tl.load(x_ptrs).to(tl.float32)
+            group = offs_w // GROUP_WORDS
         else:
-            zero = 1 << (BITS - 1)
-        acc += tl.sum((dots - zero * tl.sum(x, axis=1)[None, :]) * scale, axis=1)
-    tl.store(out_ptr + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+            words = tl.load(word_rows + offs_w[None, :], mask=(offs_w < K_WORDS)[None, :], other=0)
+            x = tl.load(x_ptrs, mask=(offs_w < K_WORDS)[:, None], other=0.0).to(tl.float32)
+            group = tl.minimum(offs_w, K_WORDS - 1) // GROUP_WORDS
+        if PER_WORD == 4:
+            columns = _columns4(x)
+        elif PER_WORD == 8:
+            columns = _columns8(x)
+        else:
+            columns = _columns16(x)
+        low = (words & 0xFFFF) | 0x4B000000
+        high = (words.to(tl.uint32, bitcast=True) >> 16).to(tl.int32, bitcast=True) | 0x4B000000
+        partial = tl.zeros([BLOCK_N, WORDS], tl.float32)
+        x_sum = tl.zeros([WORDS], tl.float32)
+        for j in tl.static_range(PER_WORD):
+            shift = j % PER_HALF * BITS
+            if j < PER_HALF:
+                half = low
+            else:
+                half = high
+            magic = (half & (0x4B000000 | ((1 << BITS) - 1) << shift)).to(tl.float32, bitcast=True)  # 2**23 + q*2**s
+            if HAS_ZEROS:
+                x_sum += columns[j]
+                q = magic - 8388608.0
+            else:
+                q = magic - (8388608.0 + (1 << (BITS - 1 + shift)))
+            partial = tl.fma(q, (columns[j] * (1.0 / (1 << shift)))[None, :], partial)
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + rows * stride_zn + group[None, :])
+            partial -= ((zero | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * x_sum[None, :]
+        scale = tl.load(scales_ptr + rows * stride_sn + group[None, :]).to(tl.float32)
+        acc = tl.fma(partial, scale, acc)
+    tl.store(out_ptr + offs_n, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 def int_weight_gemm(
@@ -119,11 +216,11 @@ def int_weight_gemm(
     if M == 1:  # batch-1 decode: weight-bound, no tensor-core tile to fill
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
         zeros_arg = zeros if zeros is not None else scales
-        gemv_n, gemv_k, warps = GEMV_CONFIG
-        _int_weight_gemv_kernel[(triton.cdiv(N, gemv_n),)](
-            rows, packed, scales, zeros_arg, out, N, K, packed.stride(0), scales.stride(0), zeros_arg.stride(0),
-            BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=gemv_n, BLOCK_K=gemv_k,
-            num_warps=warps,
+        config = GEMV_CONFIG or gemv_config(N)
+        _int_weight_gemv_kernel[(triton.cdiv(N, config.block_n),)](
+            rows, packed, scales, zeros_arg, out, N, packed.shape[1], packed.stride(0), scales.stride(0),
+            zeros_arg.stride(0), BITS=bits, GROUP=group_size, HAS_ZEROS=zeros is not None, BLOCK_N=config.block_n,
+            WORDS=config.words, EVEN_K=packed.shape[1] % config.words == 0, num_warps=config.num_warps,
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], N)
     # More rows: dequantize once into the activation dtype and let cuBLAS multiply (the weight's extra bytes are
