@@ -1,7 +1,9 @@
 """FP8 (E4M3) rounding and activation quantization in Triton: each row of an activation divided by its scale
 (its largest magnitude over 448, per token; or a static per-tensor scale), saturated and rounded to nearest even,
-in one kernel (the torch composition takes seven launches and float32 copies of the activation). Bit for bit the
-result of ``fp8_utils.quantize_fp8_per_row`` / ``quantize_fp8``."""
+in one kernel (the torch composition takes seven launches and float32 copies of the activation). The values of
+``fp8_utils.quantize_fp8_per_row`` / ``quantize_fp8`` computed on the CPU (IEEE division; an H200 wrote +0 for
+some tiny negative inputs where torch writes -0, and torch on that GPU divided some rows' maxima one float32 step
+off)."""
 
 from __future__ import annotations
 
