@@ -167,12 +167,7 @@ class EngineArgs:
             "processes run no draft model): use tensor_parallel_size=1 and pipeline_parallel_size=1, or method "
             "'ngram'.",
         )
-        require(
-            speculative is None or self.pipeline_parallel_size == 1,
-            "speculative_config is not supported with pipeline_parallel_size > 1 yet (a verification needs the "
-            "previous step's tokens, which the pipeline's batches in flight do not wait for): use tensor "
-            "parallelism only, or leave speculative decoding off.",
-        )
+
 
     def parsed_speculative_config(self) -> SpeculativeConfig | None:
         """``speculative_config`` validated (a ValueError names the field to fix), or None without one."""

@@ -385,11 +385,12 @@ class LLMEngine:
         so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
         request's sampling needs its whole token history on the host (penalties), and while speculative
         decoding proposes drafts: a proposer needs the last step's tokens, and the step after a verification
-        starts where its accepted drafts end, which only the read-back tells."""
+        starts where its accepted drafts end, which only the read-back tells. For the same reason pipeline
+        parallelism keeps no batches in flight while the engine speculates."""
         self.step_timer.start()
         failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
-        if self.args.pipeline_parallel_size > 1:
-            return failed + self._pipelined_step()
+        if self.args.pipeline_parallel_size > 1 and (self._pipeline or not self._speculating()):
+            return failed + self._pipelined_step()  # speculative steps wait for the batches in flight
         current, self._in_flight = self._in_flight, None
         if current is None:
             if self._speculating():
@@ -440,7 +441,7 @@ class LLMEngine:
     def _pipelined_step(self) -> list[RequestOutput]:
         """Pipeline parallelism: keep one batch in flight per stage (each later batch holds the requests not
         waiting for a token in flight), then apply the oldest, so no stage idles while the others compute."""
-        while len(self._pipeline) < self.args.pipeline_parallel_size:
+        while len(self._pipeline) < self.args.pipeline_parallel_size and not self._speculating():
             launched = self._launch()
             if launched is None:
                 break

@@ -34,10 +34,6 @@ from brisk.entrypoints.cli.main import main
             },
             "speculative_config method 'draft_model' is not supported with more than one rank",
         ),
-        (
-            {"pipeline_parallel_size": 2, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
-            "speculative_config is not supported with pipeline_parallel_size > 1",
-        ),
     ],
 )
 def test_bad_parallel_sizes(tiny_llama, kwargs, match):

@@ -110,14 +110,31 @@ def test_seeded_sampling_is_reproducible(tiny_llama, baseline):
     assert sum(o.metrics.num_draft_tokens for o in first) > 0
 
 
-def test_ngram_speculation_on_two_ranks(tiny_llama, baseline):
+@pytest.mark.parametrize(("tp", "pp", "disable_by_batch_size"), [(2, 1, None), (1, 2, None), (1, 2, 7)])
+def test_ngram_speculation_on_two_ranks(tiny_llama, baseline, tp, pp, disable_by_batch_size):
     """The proposer runs in the engine's process; each step's message carries the drafts, the sampling rank
-    verifies them and sends back the accepted ones, and a rollback's shorter block table reaches the workers."""
+    verifies them and sends back the accepted ones, and a rollback's shorter block table reaches the workers.
+    With pipeline stages, speculative steps go one at a time. With ``disable_by_batch_size`` the engine pipelines
+    the batch while it is large, and drains the pipeline to speculate once requests end (each has its own
+    ``max_tokens`` here, so its greedy tokens are a prefix of the plain run's)."""
     prompts, expected = baseline
-    llm = LLM(tiny_llama, device="cpu", speculative_config=NGRAM, tensor_parallel_size=2)
+    config, params = NGRAM, GREEDY
+    if disable_by_batch_size is not None:
+        config = {**NGRAM, "disable_by_batch_size": disable_by_batch_size}
+        params = [SamplingParams(temperature=0, max_tokens=4 + 2 * i, ignore_eos=True) for i in range(len(prompts))]
+        expected = [tokens[: 4 + 2 * i] for i, tokens in enumerate(expected)]
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    in_flight = []  # batches already in flight each time one is launched
+    launch = llm.engine._launch
+    llm.engine._launch = lambda: in_flight.append(len(llm.engine._pipeline)) or launch()
     try:
-        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     finally:
         llm.engine.model_runner.shutdown()
     assert token_ids(outputs) == expected
-    assert_speculated(outputs)
+    if disable_by_batch_size is None:
+        assert_speculated(outputs)
+        assert max(in_flight) == 0  # every step speculates: one at a time
+    else:  # the tiny model accepts few drafts: these few speculative steps reject theirs
+        assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
+        assert max(in_flight) == pp - 1
