@@ -62,6 +62,9 @@ class LazyTensor:
     def reshape(self, *shape) -> torch.Tensor:
         return self.load().reshape(*shape)
 
+    def __float__(self) -> float:
+        return float(self.load())
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         def load(x):

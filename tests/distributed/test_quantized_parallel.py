@@ -9,12 +9,15 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
+import torch
 
 from brisk import LLM, SamplingParams
 
 PROMPTS = [[(7 * i + j) % 300 + 10 for j in range(12 + 5 * i)] for i in range(3)]
 # Weight-only formats and static input scales: each rank computes exactly a slice of the one-rank products.
-EXACT = ["gptq-4bit-desc-act", "gptq-8bit", "awq", "w4a16-g32-asym", "fp8-static", "nvfp4a16"]
+# The FP8 KV cache with the checkpoint's per-layer k_scale / v_scale: every rank divides its heads by them.
+EXACT = ["gptq-4bit-desc-act", "gptq-8bit", "awq", "w4a16-g32-asym", "w4a16-channel-asym", "fp8-static",
+         "nvfp4a16", "fp8-kv-scales"]  # fmt: skip
 # Inputs quantized per token at run time: a row-parallel rank scales its slice of each token by that slice's
 # largest magnitude (as vLLM does), a finer quantization than one rank's, so the results differ slightly.
 # (FP8_DYNAMIC checkpoints compute what the online FP8 does; W8A8 loads per-channel scales from the checkpoint.)
@@ -33,8 +36,15 @@ def _checkpoint(name: str, base: str, tmp_path, ct_checkpoint) -> tuple[str, dic
         return make_awq_checkpoint(base, tmp_path / name, zero_point=True), {}
     if name == "fp8-online":
         return base, {"quantization": "fp8"}
+    if name == "fp8-kv-scales":
+        from tests.quantization.test_fp8_kv_cache import _with_tensors
+
+        names = [f"model.layers.{i}.self_attn.{kv}_scale" for i in range(2) for kv in "kv"]
+        scales = {name: torch.tensor(0.25 * (i + 1)) for i, name in enumerate(names)}
+        return _with_tensors(base, tmp_path / name, scales), {"kv_cache_dtype": "fp8"}
     preset, weight_args = {
         "w4a16-g32-asym": ("W4A16_ASYM", {"group_size": 32}),
+        "w4a16-channel-asym": ("W4A16_ASYM", {"strategy": "channel", "group_size": None}),
         "fp8-static": ("FP8", {}),
         "nvfp4a16": ("NVFP4A16", {}),
         "w8a8-int8": ("W8A8", {}),

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.distributed.parallel_state import get_tp_size
-from brisk.layers.quantization.base_config import QuantizationConfig, add_param
+from brisk.layers.quantization.base_config import QuantizationConfig, add_param, check_group_size
 from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, unpack_int32, use_int_kernels
 
 SUPPORTED_BITS = (4, 8)
@@ -100,7 +100,9 @@ class GPTQLinearMethod:
         zeros = unpack_int32(layer.qzeros.data, bits, dim=1) + self.config.zero_offset  # [groups, out]
         self.use_kernel = use_int_kernels(layer.qweight)
         if self.use_kernel:
-            self.group = layer.in_features * (get_tp_size() if layer.input_is_parallel else 1) // groups
+            # One group (group_size -1) spans each rank's whole slice; else the checkpoint's group size.
+            total_in = layer.in_features * (get_tp_size() if layer.input_is_parallel else 1)
+            self.group = total_in // groups if groups > 1 else layer.in_features
             self._set_kernel_weights(layer, weight_q, zeros, g_idx)
             return
         layer.weight_q = nn.Parameter(weight_q, requires_grad=False)
@@ -115,13 +117,14 @@ class GPTQLinearMethod:
         """The kernels read a group as ``group`` consecutive inputs: an activation order sorts the inputs. A
         row-parallel rank keeps the groups its slice holds (whole groups only: with ``desc_act`` the slices split
         them, which the kernels cannot read)."""
+        check_group_size(f"GPTQ {self.prefix}", layer, self.group, layer.in_features)
         first = int(g_idx.min()) if g_idx.numel() else 0
         held = layer.in_features // self.group
         in_order = first + torch.arange(layer.in_features, device=g_idx.device) // self.group
         order = None
-        if layer.in_features % self.group or not torch.equal(g_idx, in_order):
+        if not torch.equal(g_idx, in_order):
             order = torch.sort(g_idx, stable=True).indices
-            if layer.in_features % self.group or not torch.equal(g_idx[order], in_order):
+            if not torch.equal(g_idx[order], in_order):
                 why = ""
                 if layer.input_is_parallel and get_tp_size() > 1:
                     why = (" on this rank: tensor parallelism splits activation-order groups over the ranks; use "

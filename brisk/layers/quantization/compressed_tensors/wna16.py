@@ -52,7 +52,9 @@ class CompressedTensorsWNA16:
             packed_dim=1,
             packed_factor=per_word,
         )
-        add_param(layer, "weight_scale", torch.empty(out_features, groups, dtype=dtype), output_dim=0, input_dim=1)
+        # Per-group scales split with the inputs; one per channel (strategy "channel") is every rank's.
+        along_inputs = {"input_dim": 1} if self.strategy == "group" else {}
+        add_param(layer, "weight_scale", torch.empty(out_features, groups, dtype=dtype), output_dim=0, **along_inputs)
         # The unpacked shape of each fused part: checked against the layer after loading. It starts as the layer's
         # own (random weights keep it: ``random_fill=False``), so only a checkpoint that says otherwise fails.
         shapes = torch.tensor([[size, in_features] for size in layer.output_partition_sizes], dtype=torch.int64)
@@ -62,7 +64,8 @@ class CompressedTensorsWNA16:
                 if size % per_word:
                     raise unsupported(self.prefix, f"asymmetric zero points of {size} outputs ({per_word} a word)")
             zero = torch.empty(out_features // per_word, groups, dtype=torch.int32)
-            add_param(layer, "weight_zero_point", zero, output_dim=0, input_dim=1, packed_dim=0, packed_factor=per_word)
+            add_param(layer, "weight_zero_point", zero, output_dim=0, packed_dim=0, packed_factor=per_word,
+                      **along_inputs)  # fmt: skip
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         # The loader checked every packed tensor's shape; weight_shape (the unpacked one, per fused projection)
