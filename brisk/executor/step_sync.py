@@ -95,7 +95,11 @@ class StepEncoder:
             spec_token_ids=schedule.spec_token_ids,
         )
         counts, tokens, tables = message.num_new_output_tokens, message.new_output_tokens, schedule.block_tables
-        for rid, request in zip(ids, requests):
+        for rid, request, sample in zip(ids, requests, message.samples):
+            # A grammar's matcher lives here: its requests keep the engine synchronous (``needs_token_history``),
+            # so it has taken every earlier token and says what may come next.
+            if sample and request.grammar is not None and not request.grammar.done:
+                message.grammar_bitmasks[rid] = request.grammar.next_token_bitmask(self.vocab_size)
             sent = sent_by_id.get(rid)
             if sent is None or sent.request is not request:
                 sent = sent_by_id[rid] = _Sent(request)
@@ -123,11 +127,6 @@ class StepEncoder:
                 sent.num_blocks = len(table)
             if request.prompt_logprobs is not None:
                 message.num_prompt_logprobs[rid] = len(request.prompt_logprobs)
-        # A grammar's matcher lives here: its requests keep the engine synchronous (``needs_token_history``), so
-        # it has taken every earlier token and says what may come next.
-        for row, request in zip(rows, requests):
-            if row.sample and request.grammar is not None and not request.grammar.done:
-                message.grammar_bitmasks[request.request_id] = request.grammar.next_token_bitmask(self.vocab_size)
         if ids == self._last_ids and not message.new_requests:  # the same requests (a new one may reuse an id)
             message.request_ids = None
         self._last_ids = ids
