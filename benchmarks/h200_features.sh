@@ -14,6 +14,11 @@
 #     spec     n-gram speculative decoding on a real model (BRISK_SPEC_MODEL: a GGUF or HF folder, default
 #              /tmp/brisk-models/smollm2.gguf): the editing prompts at batch 1 with k = 2, 4, 6, then every prompt
 #              at batch 1, 8, 32 and 128 with k = 4, each beside the same engine without speculation
+#     pair     the real target and draft pair (BRISK_SPEC_TARGET, BRISK_SPEC_DRAFT: Qwen2.5-Coder-1.5B-Instruct and
+#              0.5B-Instruct, GGUF or HF folders) at batch 1: the draft model on 16 code-writing prompts with
+#              k = 2, 4, 6, greedy and at temperature 0.7; n-gram (k = 2, 4, 6) and the draft (k = 4) on the
+#              editing prompts, greedy
+#     pairbatch  the same pair, every prompt at batch 8, 32 and 128, n-gram and the draft with k = 4, greedy
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/gpu_env.sh
@@ -66,6 +71,27 @@ stage_spec() {
             --spec '{"method": "ngram", "num_speculative_tokens": 4}' --json "$OUT/spec_ngram_all_bs$bs.json" 2>&1 |
             grep -E '"(output_tok_s|output_speedup|mean_acceptance_length|same_tokens_as_plain)"'
     done
+}
+PAIR_TARGET=${BRISK_SPEC_TARGET:-/tmp/brisk-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
+PAIR_DRAFT=${BRISK_SPEC_DRAFT:-/tmp/brisk-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+draft_spec() { echo "{\"method\": \"draft_model\", \"model\": \"$PAIR_DRAFT\", \"num_speculative_tokens\": $1}"; }
+stage_pair() {
+    local k specs=() ngram=()
+    for k in 2 4 6; do
+        specs+=(--spec "$(draft_spec $k)")
+        ngram+=(--spec "{\"method\": \"ngram\", \"num_speculative_tokens\": $k}")
+    done
+    python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --prompts write --num-prompts 16 --max-tokens 128 \
+        --temperature 0 0.7 --engine '{"max_num_seqs": 8}' "${specs[@]}" --json "$OUT/spec_pair_write.json" 2>&1 |
+        grep -E '^\{"spec"'
+    python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --prompts rewrite --max-tokens 256 \
+        --engine '{"max_num_seqs": 8}' "${ngram[@]}" --spec "$(draft_spec 4)" --json "$OUT/spec_pair_rewrite.json" \
+        2>&1 | grep -E '^\{"spec"'
+}
+stage_pairbatch() {
+    python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --batch-size 8 32 128 --max-tokens 128 \
+        --engine '{"max_num_seqs": 128}' --spec '{"method": "ngram", "num_speculative_tokens": 4}' \
+        --spec "$(draft_spec 4)" --json "$OUT/spec_pair_batch.json" 2>&1 | grep -E '^\{"spec"'
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for stage in "$@"; do

@@ -121,7 +121,8 @@ class LLMEngine:
             if self.drafter is not None:
                 self.drafter.allocate_kv_cache(num_blocks)
         with self._startup_phase("step buffers and CUDA graphs"):
-            self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager)
+            k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+            self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager, k)
         self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (

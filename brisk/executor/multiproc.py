@@ -211,11 +211,13 @@ class MultiprocExecutor:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self._call("allocate_kv_cache", num_blocks)
 
-    def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
+    def init_step_buffers(
+        self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool, num_speculative_tokens: int = 0
+    ) -> None:
         # Several ranks run eagerly: graphs would capture NCCL collectives and a stage's send/recv, which are not
         # verified on a multi-GPU machine yet.
         eager = enforce_eager or self.world_size > 1
-        self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, eager)
+        self._call("init_step_buffers", max_num_batched_tokens, max_num_seqs, eager, num_speculative_tokens)
 
     def weight_bytes(self) -> int:
         """The largest rank's parameter bytes."""

@@ -1,9 +1,13 @@
-"""CUDA graphs for decode-only steps: one graph per padded batch size, captured at startup.
+"""CUDA graphs for steps of a fixed shape: one graph per padded batch size, captured at startup.
 
 A decode step of a small batch is dominated by kernel launches; replaying a captured graph launches the whole
 forward pass at once. The graphs read the persistent input buffers, so a replay only needs those filled.
-Attention metadata is captured with ``max_seq_len = max_model_len``: the decode kernel sizes its grid from
-that bound and finds each sequence's real length on the device.
+
+A graph set has a query length ``Q``: each sequence owns ``Q`` consecutive token rows. ``Q = 1`` is plain
+decoding. ``Q = 1 + k`` serves speculative verification, where a sequence feeds its last token and up to ``k``
+drafts; rows it does not fill are padding (no KV write, outputs ignored). Attention metadata is captured with
+``max_seq_len = max_model_len``: the decode kernel sizes its grid from that bound, the unified kernel from the
+token and sequence counts, and both find each sequence's real length on the device.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from brisk.worker.input_buffers import InputBuffers
 
 logger = logging.getLogger(__name__)
 
+# Speculative verification graphs go up to this many sequences: above it a step of 1 + k tokens per sequence is
+# no longer launch-bound, and speculation seldom pays there (docs/speculative-decoding.md).
+MAX_VERIFY_GRAPH_SEQS = 64
+
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4) if s <= max_num_seqs]
@@ -28,12 +36,29 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, max_num_seqs: int, max_model_len: int):
+def verify_capture_sizes(max_num_seqs: int, query_len: int, max_tokens: int) -> list[int]:
+    """Batch sizes of the verification graphs: those of decoding, up to ``MAX_VERIFY_GRAPH_SEQS`` sequences
+    whose ``query_len`` rows each fit the input buffers."""
+    limit = min(MAX_VERIFY_GRAPH_SEQS, max_num_seqs, max_tokens // query_len)
+    return [s for s in capture_sizes(max_num_seqs) if s <= limit]
+
+
+class StepGraphs:
+    """Graphs of one model over one set of input buffers, for steps of ``query_len`` rows per sequence."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        buffers: InputBuffers,
+        sizes: list[int],
+        max_model_len: int,
+        query_len: int = 1,
+    ):
         self.model = model
         self.buffers = buffers
         self.max_model_len = max_model_len
-        self.sizes = capture_sizes(max_num_seqs)
+        self.query_len = query_len
+        self.sizes = sizes
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -42,20 +67,24 @@ class DecodeGraphs:
         return self.sizes[i] if i < len(self.sizes) else None
 
     def _metadata(self, size: int):
-        return self.buffers.metadata(size, size, 1, self.max_model_len, list(range(size + 1)), [1] * size)
+        q = self.query_len
+        qsl = list(range(0, size * q + 1, q))
+        return self.buffers.metadata(size * q, size, q, self.max_model_len, qsl, [q] * size)
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, pool=None, what: str = "decode"):
+        """Capture every size (largest first, so smaller graphs reuse its memory); returns the memory pool, which
+        another graph set may share."""
         start = time.perf_counter()
-        buffers = self.buffers
-        buffers.begin_step(self.sizes[-1], self.sizes[-1])
-        buffers.fill_padding(0, 0)
+        buffers, q = self.buffers, self.query_len
+        largest = self.sizes[-1]
+        buffers.begin_step(largest * q, largest)
+        buffers.fill_padding(0, 0, q)
         buffers.clear_block_table()
         buffers.upload(block_width=1, sampled=None)
-        pool = None
         stream = torch.cuda.Stream()
-        for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            ids, pos = buffers.on_device.input_ids[:size], buffers.on_device.positions[:size]
+        for size in reversed(self.sizes):
+            ids, pos = buffers.on_device.input_ids[: size * q], buffers.on_device.positions[: size * q]
             with set_forward_context(self._metadata(size)):
                 self.model(ids, pos)  # warm-up: compiles kernels, settles the allocator
                 graph = torch.cuda.CUDAGraph()
@@ -64,8 +93,13 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()
-        logger.info("captured %d decode CUDA graphs in %.1f s", len(self.graphs), time.perf_counter() - start)
+        logger.info(
+            "captured %d %s CUDA graphs (%d tokens per sequence) in %.1f s",
+            len(self.graphs), what, q, time.perf_counter() - start,
+        )  # fmt: skip
+        return pool
 
     def replay(self, size: int) -> torch.Tensor:
+        """The hidden states of all ``size * query_len`` rows (padding included)."""
         self.graphs[size].replay()
         return self.outputs[size]

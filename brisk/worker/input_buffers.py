@@ -100,16 +100,18 @@ class InputBuffers:
         self.np_block_table[:] = 0
         self._row_source = [None] * len(self._row_source)
 
-    def fill_padding(self, start_token: int, start_seq: int) -> None:
-        """Make the step's rows from ``start_seq`` (tokens from ``start_token``) harmless padding: no KV write, a
-        one-token context, their own query row."""
+    def fill_padding(self, start_token: int, start_seq: int, query_len: int = 1) -> None:
+        """Make the step's rows from ``start_seq`` (tokens from ``start_token``) harmless padding: ``query_len``
+        tokens each that write no KV, in a context of just themselves."""
         step = self._step
-        assert len(step.input_ids) - start_token == len(step.seq_lens) - start_seq, "a padding row holds one token"
+        num_pad = len(step.seq_lens) - start_seq
+        assert len(step.input_ids) - start_token == num_pad * query_len, "each padding row holds query_len tokens"
         step.input_ids[start_token:] = 0
         step.positions[start_token:] = 0
         step.slot_mapping[start_token:] = -1
-        step.seq_lens[start_seq:] = 1
-        step.query_start_loc[start_seq:] = np.arange(start_token, start_token + len(step.seq_lens) - start_seq + 1)
+        step.seq_lens[start_seq:] = query_len
+        end = start_token + num_pad * query_len
+        step.query_start_loc[start_seq:] = np.arange(start_token, end + 1, query_len)
 
     def upload(self, block_width: int, sampled: torch.Tensor | None) -> None:
         """Move the step into the device buffers: the staging views, then the first ``block_width`` block ids

@@ -23,7 +23,7 @@ from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
-from brisk.worker.cuda_graphs import DecodeGraphs
+from brisk.worker.cuda_graphs import StepGraphs, capture_sizes, verify_capture_sizes
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
@@ -189,38 +189,68 @@ class ModelRunner:
         for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
 
-    def init_step_buffers(self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool) -> None:
-        """Allocate the persistent input buffers, then capture decode CUDA graphs where they apply."""
+    def init_step_buffers(
+        self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool, num_speculative_tokens: int = 0
+    ) -> None:
+        """Allocate the persistent input buffers, then capture CUDA graphs where they apply: for decode steps and,
+        with speculation of ``k = num_speculative_tokens``, for verification steps of ``1 + k`` rows per sequence
+        (the draft model's passes and its mirror of those steps too)."""
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
-        self.buffers = InputBuffers(max(max_num_batched_tokens, max_num_seqs), max_num_seqs, max_blocks, self.device)
-        self.graphs = None
+        max_tokens = max(max_num_batched_tokens, max_num_seqs)
+        self.buffers = InputBuffers(max_tokens, max_num_seqs, max_blocks, self.device)
+        self.graphs = self.verify_graphs = None
         # The torch reference loops on the host and FlashInfer plans each step on the host: both run eagerly.
-        if self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton":
-            self.graphs = DecodeGraphs(self.model, self.buffers, max_num_seqs, self.model_config.max_model_len)
-            self.graphs.capture()
+        use_graphs = self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton"
+        max_len = self.model_config.max_model_len
+        if use_graphs:
+            self.graphs = StepGraphs(self.model, self.buffers, capture_sizes(max_num_seqs), max_len)
+            pool = self.graphs.capture()
+            query_len = 1 + num_speculative_tokens
+            sizes = verify_capture_sizes(max_num_seqs, query_len, max_tokens)
+            if num_speculative_tokens and sizes:
+                self.verify_graphs = StepGraphs(self.model, self.buffers, sizes, max_len, query_len)
+                self.verify_graphs.capture(pool, "verification")
+        if self.drafter is not None:
+            self.drafter.init_step_buffers(max_num_seqs, self.buffers, self.verify_graphs, use_graphs)
 
     # ---- one step -----------------------------------------------------------------------------------------
-    def _prepare(self, out: SchedulerOutput) -> tuple[int, int, AttentionMetadata]:
-        """Fill the input buffers for this step; returns (tokens to run, padded batch size or 0, metadata)."""
+    def _graphs_for(self, out: SchedulerOutput) -> tuple[StepGraphs | None, int]:
+        """The graph set and padded batch size that run this step, or (None, 0) to run it eagerly: decode steps,
+        and speculative steps whose rows all fit the verification graphs' ``1 + k`` (without running past
+        ``max_model_len``, where the padding rows' block-table reads would end)."""
+        max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
+        graphs = self.graphs if max_query_len == 1 else self.verify_graphs
+        if graphs is None or not (max_query_len == 1 or out.spec_token_ids):
+            return None, 0
+        q = graphs.query_len
+        if max_query_len > q or any(e.start + q > graphs.max_model_len for e in out.scheduled):
+            return None, 0
+        padded = graphs.padded_size(len(out.scheduled))
+        return (graphs, padded) if padded else (None, 0)
+
+    def _prepare(self, out: SchedulerOutput, stride: int | None, padded: int) -> tuple[AttentionMetadata, list[int]]:
+        """Fill the input buffers for this step. Rows are packed, or with ``stride`` (a graph's query length)
+        each sequence owns ``stride`` rows, the ones it does not fill padding, and ``padded`` sequences in all.
+        Returns the metadata and, per scheduled request, the end of its rows."""
         bs = self.block_size
         buf = self.buffers
         num_seqs = len(out.scheduled)
         num_tokens = sum(entry.num_new_tokens for entry in out.scheduled)
         max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
-        padded = 0
-        if self.graphs is not None and max_query_len == 1:
-            padded = self.graphs.padded_size(num_seqs) or 0
-        step = buf.begin_step(padded or num_tokens, padded or num_seqs)
+        step = buf.begin_step(padded * stride if stride else num_tokens, padded or num_seqs)
+        if stride and stride > 1:  # rows a sequence leaves empty: no KV write
+            step.input_ids[:] = step.positions[:] = 0
+            step.slot_mapping[:] = -1
         query_start_loc = [0]
         seq_lens: list[int] = []
-        token = 0
+        row_ends: list[int] = []
         block_width = 1
         fed = False
         for row, (request, num_new, start, _) in enumerate(out.scheduled):
+            token = row * stride if stride else query_start_loc[-1]
             table = out.block_tables[request.request_id]
             buf.write_block_table_row(row, table)
             end = start + num_new
-            block_width = max(block_width, -(-end // bs))
             known = min(end, request.num_tokens)  # tokens past this are still on the device (in flight)
             if num_new == 1:
                 step.positions[token] = start
@@ -240,49 +270,56 @@ class ModelRunner:
                 assert end - known == 1, "only the last sampled token can be in flight"
                 step.input_ids[token + num_new - 1] = -1 - self._last_sample_rows[request.request_id]
                 fed = True
-            token += num_new
-            query_start_loc.append(token)
+            row_ends.append(token + num_new)
+            if stride:  # the padding rows after this sequence's tokens sit at its later positions
+                end = start + stride
+            block_width = max(block_width, -(-end // bs))
+            query_start_loc.append(token + (stride or num_new))
             seq_lens.append(end)
         step.seq_lens[:num_seqs] = seq_lens
         step.query_start_loc[: num_seqs + 1] = query_start_loc
-        if padded:
-            buf.fill_padding(token, num_seqs)
+        if stride:
+            buf.fill_padding(num_seqs * stride, num_seqs, stride)
+            query_start_loc += list(range(query_start_loc[-1] + stride, padded * stride + 1, stride))
+            seq_lens += [stride] * (padded - num_seqs)
         buf.upload(block_width, self._last_sampled if fed else None)
-        metadata = buf.metadata(token, num_seqs, max_query_len, max(seq_lens), query_start_loc, seq_lens)
-        return token, padded, metadata
+        total = query_start_loc[-1]
+        metadata = buf.metadata(total, len(seq_lens), stride or max_query_len, max(seq_lens), query_start_loc, seq_lens)
+        return metadata, row_ends
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
         """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
         chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
         draft_probs = self.drafter.draft(out) if self.drafter is not None and out.spec_token_ids else {}
-        num_tokens, padded, metadata = self._prepare(out)
+        graphs, padded = self._graphs_for(out)
+        metadata, row_ends = self._prepare(out, graphs.query_len if graphs else None, padded)
         timer.mark("prepare")
-        if padded:
-            hidden = self.graphs.replay(padded)[:num_tokens]
+        on_device = self.buffers.on_device
+        if graphs is not None:
+            hidden = graphs.replay(padded)
         else:
             with set_forward_context(metadata):
                 hidden = self.model(
-                    self.buffers.on_device.input_ids[:num_tokens], self.buffers.on_device.positions[:num_tokens]
+                    on_device.input_ids[: metadata.num_tokens], on_device.positions[: metadata.num_tokens]
                 )
         if self.drafter is not None:
-            on_device = self.buffers.on_device
-            self.drafter.mirror(on_device.input_ids[:num_tokens], on_device.positions[:num_tokens], metadata)
+            self.drafter.mirror(metadata, graphs if graphs is self.verify_graphs else None, padded)
         timer.mark("forward", sync=True)
 
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]
         sampled_host = done = logprobs = chosen = None
         host_inputs: tuple[torch.Tensor, ...] = ()
         if sample_rows and out.spec_token_ids:
-            verification = self._verify(out, sample_rows, hidden, metadata, draft_probs)
+            verification = self._verify(out, sample_rows, hidden, row_ends, draft_probs)
             prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
             timer.mark("sample")
             return LaunchedStep(out, sample_rows, None, None, None, None, prompt_logprobs, verification=verification)
         if sample_rows:
-            if len(sample_rows) == num_tokens:  # pure decode: every row samples
-                rows = hidden
+            if len(sample_rows) == row_ends[-1]:  # pure decode: every row samples
+                rows = hidden[: len(sample_rows)]
             else:
-                index = [metadata.query_start_loc_cpu[i + 1] - 1 for i in sample_rows]
+                index = [row_ends[i] - 1 for i in sample_rows]
                 rows = hidden[to_device_async(index, torch.int64, self.device)]
             requests = [out.scheduled[i].request for i in sample_rows]
             result = self.sampler(self.model.compute_logits(rows), requests)
@@ -308,18 +345,18 @@ class ModelRunner:
         out: SchedulerOutput,
         sample_rows: list[int],
         hidden: torch.Tensor,
-        metadata: AttentionMetadata,
+        row_ends: list[int],
         draft_probs: dict[str, torch.Tensor],
     ) -> Verification:
         """A step with drafts: logits at each sampling row's last token and at each of its drafts, checked by the
         rejection sampler (rows without drafts just sample; ``draft_probs``: the distributions a draft model drew
-        from, by request). Reads the tokens back: the next step's inputs depend on how many drafts were accepted."""
+        from, by request; ``row_ends``: where each row's tokens end in ``hidden``). Reads the tokens back: the
+        next step's inputs depend on how many drafts were accepted."""
         requests = [out.scheduled[i].request for i in sample_rows]
         drafts = [out.spec_token_ids.get(r.request_id, []) for r in requests]
         index = []
         for i, d in zip(sample_rows, drafts):
-            end = metadata.query_start_loc_cpu[i + 1]
-            index.extend(range(end - 1 - len(d), end))
+            index.extend(range(row_ends[i] - 1 - len(d), row_ends[i]))
         logits = self.model.compute_logits(hidden[to_device_async(index, torch.int64, self.device)])
         self._last_sampled, self._last_sample_rows = None, {}
         return self.rejection_sampler(logits, requests, drafts, [draft_probs.get(r.request_id) for r in requests])
