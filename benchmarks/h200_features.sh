@@ -18,6 +18,7 @@
 #              0.5B-Instruct, GGUF or HF folders) at batch 1: the draft model on 16 code-writing prompts with
 #              k = 2, 4, 6, greedy and at temperature 0.7; n-gram (k = 2, 4, 6) and the draft (k = 4) on the
 #              editing prompts, greedy
+#     stepcost the cost of a speculative step at the pair's shapes with random weights (spec_step_cost.py)
 #     pairbatch  the same pair, every prompt at batch 8, 32 and 128, n-gram and the draft with k = 4, greedy
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,6 +88,9 @@ stage_pair() {
     python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --prompts rewrite --max-tokens 256 \
         --engine '{"max_num_seqs": 8}' "${ngram[@]}" --spec "$(draft_spec 4)" --json "$OUT/spec_pair_rewrite.json" \
         2>&1 | grep -E '^\{"spec"'
+}
+stage_stepcost() {
+    python3 benchmarks/spec_step_cost.py --json "$OUT/spec_step_cost.json" 2>&1 | grep -E '^\{|Error'
 }
 stage_pairbatch() {
     python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --batch-size 8 32 128 --max-tokens 128 \

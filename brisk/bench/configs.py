@@ -121,11 +121,42 @@ W4A16_QUANTIZATION_CONFIG: dict = {
     },
 }
 
+# Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct (the speculative-decoding pair of docs/benchmarks.md), for timing
+# speculative steps at their real shapes.
+QWEN25_CODER_15B_CONFIG: dict = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+QWEN25_CODER_05B_CONFIG: dict = {
+    **QWEN25_CODER_15B_CONFIG,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "tie_word_embeddings": True,
+}
+
 NAMED_CONFIGS: dict[str, dict] = {
     "llama-3.1-8b-shape": LLAMA31_8B_CONFIG,
     "llama-3.1-8b-shape-w4a16": {**LLAMA31_8B_CONFIG, "quantization_config": W4A16_QUANTIZATION_CONFIG},
     "llama-3.1-8b-shape-smollm2-vocab": LLAMA31_8B_SMOLLM2_VOCAB_CONFIG,
     "llama-tiny-shape": LLAMA_TINY_CONFIG,
+    "qwen2.5-coder-1.5b-shape": QWEN25_CODER_15B_CONFIG,
+    "qwen2.5-coder-0.5b-shape": QWEN25_CODER_05B_CONFIG,
 }
 
 # The recipe's max_model_len for the named shapes (their configs allow 131072, which the workloads never need).
