@@ -223,8 +223,8 @@ class ModelRunner:
         if graphs is None or not (max_query_len == 1 or out.spec_token_ids):
             return None, 0
         q = graphs.query_len
-        if max_query_len > q or any(e.start + q > graphs.max_model_len for e in out.scheduled):
-            return None, 0
+        if q > 1 and (max_query_len > q or any(e.start + q > graphs.max_model_len for e in out.scheduled)):
+            return None, 0  # (a decode step's rows always fit: checking them would cost every step a loop)
         padded = graphs.padded_size(len(out.scheduled))
         return (graphs, padded) if padded else (None, 0)
 
