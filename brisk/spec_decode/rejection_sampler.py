@@ -75,10 +75,13 @@ class RejectionSampler:
         token of the request's step (its last known token, then each draft). ``draft_probs[i]``, when given, is
         the ``[len(drafts[i]), vocab]`` distribution each draft was drawn from (None: a point mass)."""
         positions = [_DraftPosition(r, d[:j]) for r, d in zip(requests, drafts) for j in range(len(d) + 1)]
-        probs = self.sampler.target_probs(logits, positions)
         starts = [0]
         for d in drafts:
             starts.append(starts[-1] + len(d) + 1)
+        if all(r.sampling_params.greedy for r in requests):
+            token_ids = self._verify_greedy(logits, positions, drafts, starts)
+            return Verification(token_ids, *self._logprobs(logits, positions, starts, token_ids))
+        probs = self.sampler.target_probs(logits, positions)
         draft_rows = [starts[i] + j for i, d in enumerate(drafts) for j in range(len(d))]
         draft_tokens = [t for d in drafts for t in d]
         p_draft: list[float] = []
@@ -113,6 +116,18 @@ class RejectionSampler:
         token_ids = [a + [t] for a, t in zip(accepted, drawn.tolist())]
         logprobs, chosen = self._logprobs(logits, positions, starts, token_ids)
         return Verification(token_ids, logprobs, chosen)
+
+    def _verify_greedy(self, logits, positions, drafts: list[list[int]], starts: list[int]) -> list[list[int]]:
+        """Every row greedy: a draft is accepted while it is the target's argmax, and the token after the accepted
+        ones is the argmax where they end. The same tokens as the general rule (a greedy row's distribution is a
+        point mass), from one read of the argmaxes instead of two reads and the full-vocabulary point masses."""
+        argmax = self.sampler.target_argmax(logits, positions).tolist()
+        token_ids = []
+        for d, start in zip(drafts, starts):
+            choice = argmax[start : start + len(d) + 1]
+            num_accepted = next((j for j, t in enumerate(d) if t != choice[j]), len(d))
+            token_ids.append(d[:num_accepted] + [choice[num_accepted]])
+        return token_ids
 
     @staticmethod
     def residual(probs: torch.Tensor, rejected: list[tuple[int, int, torch.Tensor | None]]) -> torch.Tensor:

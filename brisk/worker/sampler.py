@@ -191,13 +191,25 @@ class Sampler:
         temperature = to_device_async(temps, torch.float32, self.device)
         return _filter(logits / temperature[:, None], params, self.device).softmax(dim=-1)
 
-    def target_probs(self, logits: torch.Tensor, requests) -> torch.Tensor:
-        """Each row's full sampling distribution (penalties and min_tokens included): what speculative decoding
-        verifies drafts against. A greedy row's is a point mass on its argmax, the token it would pick."""
-        logits = logits.float()
+    @staticmethod
+    def _processed(logits: torch.Tensor, requests) -> torch.Tensor:
+        """Float32 logits with penalties and min_tokens applied: what every row's choice is made from. A copy
+        even when the logits are float32 already (CPU): the caller's raw logits still give the logprobs."""
+        logits = logits.to(torch.float32, copy=True)
         if any(r.sampling_params.has_penalties for r in requests):
             _apply_penalties(logits, requests)
         _apply_min_tokens(logits, requests)
+        return logits
+
+    def target_argmax(self, logits: torch.Tensor, requests) -> torch.Tensor:
+        """Each row's greedy choice, penalties and min_tokens included: :meth:`target_probs`' point masses as
+        token ids, for verification when every row is greedy."""
+        return self._processed(logits, requests).argmax(dim=-1)
+
+    def target_probs(self, logits: torch.Tensor, requests) -> torch.Tensor:
+        """Each row's full sampling distribution (penalties and min_tokens included): what speculative decoding
+        verifies drafts against. A greedy row's is a point mass on its argmax, the token it would pick."""
+        logits = self._processed(logits, requests)
         greedy = [r.sampling_params.greedy for r in requests]
         if all(greedy):
             return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()

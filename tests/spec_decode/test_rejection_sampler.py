@@ -87,3 +87,23 @@ def test_greedy_accepts_exactly_the_argmax_drafts():
     drafts = [[0, 0], [0, 3], [5, 0]]
     verification = sampler(LOGITS.repeat(9, 1), requests, drafts)
     assert verification.token_ids == [[0, 0, 0], [0, 0], [0]]
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_all_greedy_shortcut_equals_the_general_rule(penalty):
+    """A batch of greedy rows alone takes the argmax shortcut; beside one sampled row the same greedy rows go
+    through the general rule (point masses, residuals). Their tokens must agree, penalties included."""
+    torch.manual_seed(0)
+    greedy = SamplingParams(temperature=0, max_tokens=8, repetition_penalty=penalty)
+    requests = [Request(f"r{i}", [1, 2, 3, i], greedy, frozenset()) for i in range(6)]
+    drafts = [[int(t) for t in torch.randint(0, 3, (n,))] for n in (0, 1, 2, 3, 3, 4)]
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB)
+    logits[:, :3] += 2.0  # drafts of tokens 0-2 are sometimes the argmax, sometimes not
+    sampled = Request("s", [1, 2, 3], PARAMS, frozenset())
+    shortcut = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts)
+    general = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(
+        torch.cat([logits, LOGITS[None]]), requests + [sampled], drafts + [[]]
+    )
+    assert shortcut.token_ids == general.token_ids[:-1]
+    assert any(len(t) < len(d) + 1 for t, d in zip(shortcut.token_ids, drafts))  # some drafts were rejected
+    assert any(len(t) > 1 for t in shortcut.token_ids)  # and some accepted
