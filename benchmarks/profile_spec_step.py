@@ -140,7 +140,6 @@ def main() -> None:
             "step_ms_synchronized": round(1e3 * wall / timed_steps, 4),
             "phase_ms_per_step": per_step,
             "phase_calls_per_step": calls,
-            "device_ms_per_step_total": round(sum(e.device_time_total for e in prof.key_averages()) / 1e3 / steps, 4),
             "top_kernels_us_per_step": [
                 (e.key[:90], round(e.device_time_total / steps, 1), round(e.count / steps, 2)) for e in kernels
             ],

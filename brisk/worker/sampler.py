@@ -208,11 +208,10 @@ class Sampler:
 
     def target_probs(self, logits: torch.Tensor, requests) -> torch.Tensor:
         """Each row's full sampling distribution (penalties and min_tokens included): what speculative decoding
-        verifies drafts against. A greedy row's is a point mass on its argmax, the token it would pick."""
+        verifies drafts against when some row samples (an all-greedy batch takes :meth:`target_argmax`). A greedy
+        row's is a point mass on its argmax, the token it would pick."""
         logits = self._processed(logits, requests)
         greedy = [r.sampling_params.greedy for r in requests]
-        if all(greedy):
-            return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
         probs = self.filtered_probs(logits, requests, greedy)
         if any(greedy):
             rows = to_device_async([i for i, g in enumerate(greedy) if g], torch.int64, self.device)
