@@ -272,7 +272,7 @@ class MultiprocExecutor:
                         self._fail(f"worker rank {r} (on another node) disconnected during {what}")
                     continue  # the process is exiting: its sentinel names it
                 if message[0] == "error":
-                    dead = [d for d, process in enumerate(self._processes) if process.exitcode is not None]
+                    dead = self._dead_peers(of=r)
                     if dead:  # a peer's death breaks the collectives of the living: name the dead one
                         self._fail(f"worker rank {dead[0]} died during {what} ({self._exit_status(dead[0])})")
                     self._fail(f"worker rank {r} failed during {what}:\n{message[1]}")
@@ -285,6 +285,17 @@ class MultiprocExecutor:
         if got != kind:
             self._fail(f"worker rank {rank} sent an unexpected {got!r} message during {what}")
         return value
+
+    def _dead_peers(self, of: int, grace_s: float = 1.0) -> list[int]:
+        """Local ranks other than ``of`` whose process has exited, waiting up to ``grace_s`` for one to.
+
+        A peer killed mid-collective breaks the living rank's collective at once, so that rank's error can arrive
+        before the killed process has been reaped; without the wait the report would blame the wrong rank.
+        """
+        peers = {process.sentinel: rank for rank, process in enumerate(self._processes) if rank != of}
+        if peers:
+            wait(list(peers), timeout=grace_s)
+        return [rank for rank in peers.values() if self._processes[rank].exitcode is not None]
 
     def _timeout_message(self, rank: int, what: str) -> str:
         late = [r for r in range(len(self._processes)) if self._steps_taken[r] < self._steps_sent]

@@ -18,7 +18,8 @@ from tests.server.conftest import MODEL_NAME, ServerProcess, descendants, engine
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir):
     with started_together(
-        tiny_model_dir, ("--shutdown-timeout", "60"), ("--shutdown-timeout", "1"), ("--shutdown-timeout", "30")
+        tiny_model_dir, ("--shutdown-timeout", "60"), ("--shutdown-timeout", "1", "--max-num-seqs", "1"),
+        ("--shutdown-timeout", "30"),
     ) as servers:
         yield servers
 
@@ -68,7 +69,8 @@ def test_sigterm_lets_the_stream_finish(servers):
 def test_sigterm_past_the_timeout_ends_the_stream_cleanly(servers):
     _, hasty, _ = servers
     children = descendants(hasty.proc.pid)
-    # Far more work than one second: 16 completions of 400 tokens.
+    # Far more work than one second even on an idle machine: 16 completions of 400 tokens, one at a time (the
+    # server runs one sequence per step), so 6,400 steps.
     body = {"model": MODEL_NAME, "prompt": "Once", "max_tokens": 400, "n": 16, "ignore_eos": True}
     started = time.monotonic()
     events, done = _stream_through_sigterm(hasty, {**body, "stream": True})
