@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
+# Files one of which every tokenizer folder holds (fast, sentencepiece, BPE vocabulary, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
 
 def load_tokenizer(path, optional: bool = False):
-    """The tokenizer at ``path``; an error that names it, or None with a warning when ``optional``."""
+    """The tokenizer at ``path``; an error that names it, or None with a warning when ``optional``.
+
+    An optional tokenizer of a local folder that holds no tokenizer file (a named shape with random weights) is
+    not looked for: transformers' ``AutoTokenizer`` would first import its model-config modules (2 to 10 s of
+    start-up, most of that phase on a GPU host) only to fail."""
+    if optional and os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        logger.warning("no tokenizer files in %s: only token-id prompts will work", path)
+        return None
     from transformers import AutoTokenizer
 
     try:

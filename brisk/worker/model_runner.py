@@ -23,7 +23,7 @@ from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
-from brisk.worker.cuda_graphs import StepGraphs, capture_sizes, verify_capture_sizes
+from brisk.worker.cuda_graphs import StepGraphs, capture_sizes, prefill_query_lens, verify_capture_sizes
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
@@ -192,19 +192,24 @@ class ModelRunner:
     def init_step_buffers(
         self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool, num_speculative_tokens: int = 0
     ) -> None:
-        """Allocate the persistent input buffers, then capture CUDA graphs where they apply: for decode steps and,
-        with speculation of ``k = num_speculative_tokens``, for verification steps of ``1 + k`` rows per sequence
-        (the draft model's passes and its mirror of those steps too)."""
+        """Allocate the persistent input buffers, then capture CUDA graphs where they apply: for decode steps, for
+        one sequence's prefill of up to 1,024 tokens and, with speculation of ``k = num_speculative_tokens``, for
+        verification steps of ``1 + k`` rows per sequence (the draft model's passes and its mirror of those steps
+        too)."""
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         self.buffers = InputBuffers(max_tokens, max_num_seqs, max_blocks, self.device)
         self.graphs = self.verify_graphs = None
+        self.prefill_graphs: list[StepGraphs] = []  # by query length, shortest first
         # The torch reference loops on the host and FlashInfer plans each step on the host: both run eagerly.
         use_graphs = self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton"
         max_len = self.model_config.max_model_len
         if use_graphs:
             self.graphs = StepGraphs(self.model, self.buffers, capture_sizes(max_num_seqs), max_len)
             pool = self.graphs.capture()
+            for q in reversed(prefill_query_lens(max_tokens, max_len)):  # longest first: the others reuse its memory
+                self.prefill_graphs.insert(0, StepGraphs(self.model, self.buffers, [1], max_len, q))
+                pool = self.prefill_graphs[0].capture(pool, "prefill")
             query_len = 1 + num_speculative_tokens
             sizes = verify_capture_sizes(max_num_seqs, query_len, max_tokens)
             if num_speculative_tokens and sizes:
@@ -216,11 +221,19 @@ class ModelRunner:
     # ---- one step -----------------------------------------------------------------------------------------
     def _graphs_for(self, out: SchedulerOutput) -> tuple[StepGraphs | None, int]:
         """The graph set and padded batch size that run this step, or (None, 0) to run it eagerly: decode steps,
-        and speculative steps whose rows all fit the verification graphs' ``1 + k`` (without running past
-        ``max_model_len``, where the padding rows' block-table reads would end)."""
+        speculative steps whose rows all fit the verification graphs' ``1 + k``, and one sequence's prefill of
+        up to the longest prefill graph's tokens (each without running past ``max_model_len``, where the padding
+        rows' block-table reads would end)."""
         max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
-        graphs = self.graphs if max_query_len == 1 else self.verify_graphs
-        if graphs is None or not (max_query_len == 1 or out.spec_token_ids):
+        if max_query_len == 1:
+            graphs = self.graphs
+        elif out.spec_token_ids:
+            graphs = self.verify_graphs
+        elif len(out.scheduled) == 1:
+            graphs = next((g for g in self.prefill_graphs if g.query_len >= max_query_len), None)
+        else:
+            return None, 0
+        if graphs is None:
             return None, 0
         q = graphs.query_len
         if q > 1 and (max_query_len > q or any(e.start + q > graphs.max_model_len for e in out.scheduled)):

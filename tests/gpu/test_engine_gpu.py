@@ -2,7 +2,8 @@
 
 - Triton attention backend vs the torch reference backend: same greedy tokens (float32), including chunked
   prefill with prefix-cache hits and mixed batches.
-- CUDA-graph replay vs eager: same tokens (bf16: same kernels, so bit-identical).
+- CUDA-graph replay vs eager: same tokens (bf16: same kernels, so bit-identical); prefill graphs, whose padded
+  rows change the GEMMs' shapes, in float32.
 - Async scheduling (step N+1 launched while N runs, its inputs fed from N's sampled ids on the device) vs
   synchronous steps: same tokens (float32), with early stops, chunked prefill and preemption.
 - transformers parity on the GPU in float32, and logits of an 8B-shaped model close between backends in bf16.
@@ -59,6 +60,30 @@ def test_cuda_graphs_match_eager_bf16(tiny):
     graphs = make(tiny, dtype="bfloat16", enforce_eager=False)
     assert graphs.engine.model_runner.graphs is not None
     assert tokens(graphs) == eager
+
+
+def test_prefill_graphs_match_eager_fp32(tiny):
+    """A lone request's prompt, or chunk, replays the prefill graph of the next length, its rows padded: same
+    tokens as eager, for whole prompts, chunks and a chunk after a prefix-cache hit."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    eager = make(tiny, dtype="float32", enforce_eager=True)
+    llm = make(tiny, dtype="float32", max_num_batched_tokens=64)
+    runner = llm.engine.model_runner
+    assert [g.query_len for g in runner.prefill_graphs] == [16, 32, 64]
+    replayed = []
+    graphs_for = runner._graphs_for
+
+    def spy(out):
+        graphs, padded = graphs_for(out)
+        if graphs in runner.prefill_graphs:
+            replayed.append(graphs.query_len)
+        return graphs, padded
+
+    runner._graphs_for = spy
+    for prompt in [*PROMPTS[:6], PROMPTS[3]]:  # one at a time; the 140-token prompt twice (chunks, then a hit)
+        assert tokens(llm, [prompt], params) == tokens(eager, [prompt], params), prompt
+    assert 64 in replayed and min(replayed) < 64, replayed  # chunks and shorter prompts both replayed
+    assert llm.engine.get_stats().prefix_cache_hits > 0
 
 
 MIXED = [SamplingParams(temperature=0, max_tokens=m) for m in (1, 2, 5, 17, 40, 64)] * 3  # EOS ends some early
