@@ -17,6 +17,7 @@ from brisk.config import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     EngineArgs,
     ModelConfig,
+    default_max_num_batched_tokens,
     preferred_dtype,
     read_hf_config,
     resolve_device,
@@ -109,7 +110,9 @@ class LLMEngine:
                 f"use attention_backend {' or '.join(repr(b) for b in FP8_KV_BACKENDS)}, or kv_cache_dtype 'auto'."
             )
         self.attention_backend = backend
-        self.max_num_batched_tokens = args.max_num_batched_tokens or (16384 if self.device.type == "cuda" else 2048)
+        self.max_num_batched_tokens = args.max_num_batched_tokens or default_max_num_batched_tokens(
+            self.device, args.serving
+        )
         self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
         with self._startup_phase("weights"):
             self.model_runner = create_executor(args, self.model_config, self.device, backend)

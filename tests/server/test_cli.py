@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
+from brisk.config import default_max_num_batched_tokens
 from brisk.entrypoints.cli.main import build_parser
 from brisk.entrypoints.cli.serve import DEFAULT_MODEL, build_configs, parse_bytes
 from brisk.entrypoints.openai.server import is_loopback, security_warning
@@ -153,3 +155,11 @@ def test_a_bad_flag_is_one_line(argv, capsys):
     assert exc.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("brisk serve: error: "), lines
+
+
+def test_serving_takes_a_smaller_step_budget_on_gpus():
+    """A 16,384-token prefill step beside running decodes stalls every stream: serving halves it on GPUs."""
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert default_max_num_batched_tokens(gpu, serving=False) == 16384
+    assert default_max_num_batched_tokens(gpu, serving=True) == 8192
+    assert default_max_num_batched_tokens(cpu, serving=False) == default_max_num_batched_tokens(cpu, True) == 2048

@@ -187,7 +187,9 @@ def build_configs(args: argparse.Namespace):
     if args.model and args.model_flag and args.model != args.model_flag:
         raise ValueError(f"MODEL ({args.model!r}) and --model ({args.model_flag!r}) disagree; give one.")
     model = args.model or args.model_flag or DEFAULT_MODEL
-    engine_args = EngineArgs(model=model, **{"cpu_threads": serve_cpu_threads(), **engine_kwargs(args)})
+    engine_args = EngineArgs(
+        model=model, serving=True, **{"cpu_threads": serve_cpu_threads(), **engine_kwargs(args)}
+    )
     engine_args.validate()
 
     api_key = args.api_key if args.api_key is not None else os.environ.get("BRISK_API_KEY") or None
