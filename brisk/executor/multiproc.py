@@ -287,15 +287,26 @@ class MultiprocExecutor:
         return value
 
     def _dead_peers(self, of: int, grace_s: float = 1.0) -> list[int]:
-        """Local ranks other than ``of`` whose process has exited, waiting up to ``grace_s`` for one to.
+        """Local ranks other than ``of`` whose process died (a nonzero exit), waiting up to ``grace_s`` for one to.
 
         A peer killed mid-collective breaks the living rank's collective at once, so that rank's error can arrive
-        before the killed process has been reaped; without the wait the report would blame the wrong rank.
+        before the killed process has been reaped; without the wait the report would blame the wrong rank. A peer
+        that exits cleanly has reported its own error (every rank fails alike on a bad checkpoint), so it is not
+        the cause.
         """
-        peers = {process.sentinel: rank for rank, process in enumerate(self._processes) if rank != of}
-        if peers:
-            wait(list(peers), timeout=grace_s)
-        return [rank for rank in peers.values() if self._processes[rank].exitcode is not None]
+        deadline = time.monotonic() + grace_s
+        pending = {process.sentinel: rank for rank, process in enumerate(self._processes) if rank != of}
+        dead: list[int] = []
+        while pending and not dead:
+            ready = wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for sentinel in ready:
+                rank = pending.pop(sentinel)
+                self._processes[rank].join(0.5)  # the sentinel is ready before exitcode is set
+                if self._processes[rank].exitcode not in (None, 0):
+                    dead.append(rank)
+        return dead
 
     def _timeout_message(self, rank: int, what: str) -> str:
         late = [r for r in range(len(self._processes)) if self._steps_taken[r] < self._steps_sent]
