@@ -35,9 +35,12 @@ MAX_VERIFY_GRAPH_SEQS = 64
 PREFILL_GRAPH_QUERY_LENS = (16, 32, 64, 128, 256, 512, 1024)
 
 
-def prefill_query_lens(max_tokens: int, max_model_len: int) -> list[int]:
-    """Query lengths of the one-sequence prefill graphs that fit the input buffers and the context."""
-    return [q for q in PREFILL_GRAPH_QUERY_LENS if q <= min(max_tokens, max_model_len)]
+def prefill_query_lens(max_num_batched_tokens: int, max_tokens: int, max_model_len: int) -> list[int]:
+    """Query lengths of the one-sequence prefill graphs that fit the input buffers (``max_tokens`` rows) and the
+    context, up to the first that holds a whole step's budget: a longer graph would never be replayed."""
+    lens = [q for q in PREFILL_GRAPH_QUERY_LENS if q <= min(max_tokens, max_model_len)]
+    needed = [q for q in lens if q < max_num_batched_tokens]
+    return lens[: len(needed) + 1]
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:

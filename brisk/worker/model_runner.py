@@ -207,7 +207,8 @@ class ModelRunner:
         if use_graphs:
             self.graphs = StepGraphs(self.model, self.buffers, capture_sizes(max_num_seqs), max_len)
             pool = self.graphs.capture()
-            for q in reversed(prefill_query_lens(max_tokens, max_len)):  # longest first: the others reuse its memory
+            # Longest first: the shorter graphs reuse its memory.
+            for q in reversed(prefill_query_lens(max_num_batched_tokens, max_tokens, max_len)):
                 self.prefill_graphs.insert(0, StepGraphs(self.model, self.buffers, [1], max_len, q))
                 pool = self.prefill_graphs[0].capture(pool, "prefill")
             query_len = 1 + num_speculative_tokens

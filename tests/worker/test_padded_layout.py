@@ -59,7 +59,8 @@ def test_padded_prefill_rows_equal_packed_rows(tiny_llama):
     """Whole prompts and chunks after a prefix-cache hit, each padded to the next prefill graph's length."""
     llm = LLM(tiny_llama, device="cpu", max_num_batched_tokens=32, kv_cache_memory_bytes=64 * 16 * 512)
     runner = llm.engine.model_runner
-    lens = prefill_query_lens(llm.engine.max_num_batched_tokens, llm.engine.max_model_len)
+    budget, max_seqs = llm.engine.max_num_batched_tokens, llm.engine.scheduler.max_num_seqs
+    lens = prefill_query_lens(budget, max(budget, max_seqs), llm.engine.max_model_len)  # as the runner captures
     real_execute = runner.execute
     checked = []
 
@@ -76,3 +77,11 @@ def test_padded_prefill_rows_equal_packed_rows(tiny_llama):
         llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert lens == [16, 32] and any(start > 0 for start, _ in checked), checked  # chunks and cache hits ran
     assert any(n not in lens for _, n in checked), checked  # prompts that leave padding rows
+
+
+def test_prefill_graphs_stop_at_the_first_that_holds_the_budget():
+    """Buffers of 256 rows (max_num_seqs) but a 64-token budget: graphs of 128 and 256 rows would never replay;
+    a 100-token budget needs the 128-row graph for its full chunks."""
+    assert prefill_query_lens(64, 256, 4096) == [16, 32, 64]
+    assert prefill_query_lens(100, 256, 4096) == [16, 32, 64, 128]
+    assert prefill_query_lens(8192, 8192, 200) == [16, 32, 64, 128]  # the context caps them
