@@ -75,7 +75,7 @@ CASES = [
     ("presence-penalty-range", "POST", C, comp(presence_penalty=5), 400, "presence_penalty", ""),
     ("repetition-penalty-zero", "POST", C, comp(repetition_penalty=0), 400, "repetition_penalty", ""),
     ("min-tokens-above-max", "POST", C, comp(min_tokens=5, max_tokens=2), 400, "min_tokens", ""),
-    ("unknown-model", "POST", C, comp(model="gpt-4"), 400, "model", "gpt-4"),
+    ("unknown-model", "POST", C, comp(model="gpt-4"), 404, "model", "gpt-4"),
     ("suffix-unsupported", "POST", C, comp(suffix="x"), 400, "suffix", "suffix"),
     ("logit-bias-range", "POST", C, comp(logit_bias={"5": 101}), 400, "logit_bias", "logit_bias"),
     ("logit-bias-vocab", "POST", C, comp(logit_bias={"999999": 1}), 400, "prompt", "logit_bias"),

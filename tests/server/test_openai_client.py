@@ -245,7 +245,8 @@ def test_openapi_document(server):
         assert path in doc["paths"]
 
 
-def test_unknown_model_is_a_400(client):
-    with pytest.raises(openai.BadRequestError) as info:
+def test_unknown_model_is_not_found(client):
+    """The openai client raises NotFoundError for a 404, as it does against OpenAI and vLLM."""
+    with pytest.raises(openai.NotFoundError) as info:
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=2)
     assert "gpt-4" in info.value.message and MODEL_NAME in info.value.message

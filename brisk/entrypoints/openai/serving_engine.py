@@ -88,12 +88,14 @@ class OpenAIServing:
 
     # ---- names and inputs -----------------------------------------------------------------------------
     def check_model(self, name: str | None) -> str:
+        """The served name a request asks for; another name is a 404, as OpenAI and vLLM answer it (clients map
+        404 to their not-found error)."""
         if name is None or name in self.config.served_model_names:
             return name or self.config.model_name
         served = ", ".join(repr(n) for n in self.config.served_model_names)
         raise OpenAIError(
             f"The model '{name}' does not exist. This server serves {served}.",
-            status_code=400,
+            status_code=404,
             param="model",
             code="model_not_found",
         )
