@@ -37,11 +37,11 @@ def _checkpoint(name: str, base: str, tmp_path, ct_checkpoint) -> tuple[str, dic
     if name == "fp8-online":
         return base, {"quantization": "fp8"}
     if name == "fp8-kv-scales":
-        from tests.quantization.test_fp8_kv_cache import _with_tensors
+        from tests.quantization.extra_tensors import with_extra_tensors
 
         names = [f"model.layers.{i}.self_attn.{kv}_scale" for i in range(2) for kv in "kv"]
         scales = {name: torch.tensor(0.25 * (i + 1)) for i, name in enumerate(names)}
-        return _with_tensors(base, tmp_path / name, scales), {"kv_cache_dtype": "fp8"}
+        return with_extra_tensors(base, tmp_path / name, scales), {"kv_cache_dtype": "fp8"}
     preset, weight_args = {
         "w4a16-g32-asym": ("W4A16_ASYM", {"group_size": 32}),
         "w4a16-channel-asym": ("W4A16_ASYM", {"strategy": "channel", "group_size": None}),

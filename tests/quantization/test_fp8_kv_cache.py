@@ -1,14 +1,11 @@
 """``kv_cache_dtype="fp8"``: keys and values stored as float8_e4m3fn (divided by the layer's scale), read back
 by the torch backend; capacity, scheduling equivalence and errors through the engine."""
 
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
 import triton
 import triton.language as tl
-from safetensors.torch import load_file, save_file
 
 from brisk import LLM, SamplingParams
 from brisk.layers.attention.torch_ref import TorchAttentionImpl
@@ -19,6 +16,7 @@ from brisk.layers.quantization.triton_fp8 import round_to_e4m3
 from brisk.layers.rotary import RotaryEmbedding
 from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
 from tests.layers.test_triton_attention import make_batch
+from tests.quantization.extra_tensors import with_extra_tensors
 from tests.quantization.test_fp8_online import _prompt_logprobs
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -100,16 +98,8 @@ def test_close_to_a_full_precision_cache(tiny_llama):
     assert 0 < sum(abs(a - b) for a, b in pairs) / len(pairs) < 0.15
 
 
-def _with_tensors(folder: str, dst: Path, extra: dict[str, torch.Tensor]) -> str:
-    shutil.copytree(folder, dst)
-    state = load_file(dst / "model.safetensors")
-    state.update(extra)
-    save_file(state, dst / "model.safetensors")
-    return str(dst)
-
-
 def test_checkpoint_kv_scales(tiny_llama, tmp_path):
-    folder = _with_tensors(
+    folder = with_extra_tensors(
         tiny_llama,
         tmp_path / "m",
         {"model.layers.1.self_attn.k_scale": torch.tensor(0.5), "model.layers.1.self_attn.v_scale": torch.tensor(2.0)},
@@ -123,7 +113,7 @@ def test_checkpoint_kv_scales(tiny_llama, tmp_path):
 
 def test_bad_checkpoint_kv_scale(tiny_llama, tmp_path):
     name = "model.layers.0.self_attn.v_scale"
-    folder = _with_tensors(tiny_llama, tmp_path / "m", {name: torch.tensor([1.0, 2.0])})
+    folder = with_extra_tensors(tiny_llama, tmp_path / "m", {name: torch.tensor([1.0, 2.0])})
     with pytest.raises(ValueError, match=rf"'{name}': a KV-cache scale must be one positive number, got shape \(2,\)"):
         _llm(folder)
 
