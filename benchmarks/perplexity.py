@@ -11,6 +11,14 @@ NVFP4, in groups of 128 inputs where the sizes allow, else 64), or the GPTQ and 
 them (round-to-nearest: no calibration data, so they show the format's rounding, not GPTQ's error feedback), or
 an engine option (``fp8``: weights quantized while loading; ``fp8-kv``: the FP8 KV cache). ``base`` is the
 unquantized model (float32 on the CPU, bfloat16 on a GPU). Prints one row per format with its change against ``base``.
+
+``gptq-w4-calibrated`` and ``awq-w4-calibrated`` are 4-bit checkpoints made the way users make them: llmcompressor's
+``oneshot`` with ``GPTQModifier`` (W4A16, symmetric) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
+on every Linear but the LM head, in the groups above, saved as compressed-tensors. Their calibration text is not
+the scored text but English prose that every Python install has offline: the standard library's pydoc topics
+(``pydoc_data.topics``), joined, tokenized and cut into ``CALIBRATION_SAMPLES`` samples of ``CALIBRATION_LENGTH``
+tokens. They need ``pip install llmcompressor``; its AWQ (0.14.0.1) pins its cached activations in page-locked
+memory, which fails on a machine without an accelerator.
 """
 
 from __future__ import annotations
@@ -42,7 +50,12 @@ CT_PRESETS = {
     "nvfp4": "NVFP4A16",
 }
 GROUPED = ("w8a16", "w4a16", "gptq-w4")
-FORMATS = ["base", "fp8", "fp8-kv", *CT_PRESETS, "gptq-w4", "awq-w4"]
+CALIBRATED = {"gptq-w4-calibrated": "W4A16", "awq-w4-calibrated": "W4A16_ASYM"}  # format -> llmcompressor scheme
+FORMATS = ["base", "fp8", "fp8-kv", *CT_PRESETS, "gptq-w4", "awq-w4", *CALIBRATED]
+# 64 x 512 = 32,768 of the pydoc topics' ~113k tokens: enough for GPTQ's Hessians and AWQ's activation scales
+# on these small models, and GPTQ calibrates SmolLM2-135M in about 5 minutes on two CPU cores.
+CALIBRATION_SAMPLES = 64
+CALIBRATION_LENGTH = 512
 
 
 def group_size(base: str) -> int:
@@ -74,7 +87,37 @@ def checkpoint(fmt: str, base: str, scratch: Path) -> tuple[str, dict]:
         from tests.quantization.awq_checkpoints import make_awq_checkpoint
 
         return make_awq_checkpoint(base, out, zero_point=True), {}
+    if fmt in CALIBRATED:
+        return calibrated_checkpoint(fmt, base, out), {}
     raise ValueError(f"unknown format {fmt!r}; choose from {FORMATS}")
+
+
+def calibrated_checkpoint(fmt: str, base: str, out: Path) -> str:
+    """``base`` quantized by llmcompressor's ``oneshot`` with GPTQ or AWQ on the pydoc topics, saved compressed
+    into ``out``."""
+    from pydoc_data.topics import topics
+
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier
+    from torch.utils.data import DataLoader
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.quantization.ct_checkpoints import copy_tokenizer
+
+    ids = AutoTokenizer.from_pretrained(base)("\n\n".join(topics.values())).input_ids
+    n = CALIBRATION_LENGTH
+    samples = [{"input_ids": torch.tensor(ids[i * n : (i + 1) * n])} for i in range(CALIBRATION_SAMPLES)]
+    scheme = preset_name_to_scheme(CALIBRATED[fmt], ["Linear"])
+    scheme.weights.group_size = group_size(base)
+    quantize = {"config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}
+    recipe = [GPTQModifier(**quantize)] if fmt.startswith("gptq") else [AWQModifier(), QuantizationModifier(**quantize)]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    oneshot(model=model, dataset=DataLoader(samples), recipe=recipe)  # batches of one sample, as oneshot's default
+    model.save_pretrained(out, save_compressed=True)
+    copy_tokenizer(base, out)
+    return str(out)
 
 
 def perplexity(llm: LLM, windows: list[list[int]]) -> tuple[float, int]:

@@ -141,6 +141,7 @@ class AsyncLLM:
         self.max_model_len: int = 0
         self.vocab_size: int | None = None
         self.engine_pid: int | None = None
+        self.engine_gc_frozen_objects = 0  # objects start-up left in the engine process, out of the collector's reach
         self.last_stats: Any = None  # the engine's latest EngineStats
         self.num_steps = 0
         self._streams: dict[str, Any] = {}  # request id (or call id) -> RequestStream / _CallWaiter
@@ -198,6 +199,7 @@ class AsyncLLM:
             self.max_model_len = info["max_model_len"]
             self.vocab_size = info["vocab_size"]
             self.engine_pid = info["pid"]
+            self.engine_gc_frozen_objects = info["gc_frozen_objects"]
             if info["has_tokenizer"]:
                 self.tokenizer = preload.get(info["tokenizer_path"])
         except BaseException as exc:

@@ -44,6 +44,7 @@ This module stays light at import time (no torch): the engine is imported in the
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import os
@@ -107,7 +108,7 @@ def run_engine_core(
     _configure_logging(log_config)
     try:
         engine = engine_class(engine_cls).from_engine_args(engine_args)
-        info = ready_info(engine)
+        info = ready_info(engine) | {"gc_frozen_objects": freeze_startup_heap()}
     except BaseException as exc:  # reported to the parent, which raises it; no traceback on stderr
         logger.debug("The engine failed to start", exc_info=True)
         with contextlib.suppress(Exception):
@@ -119,6 +120,18 @@ def run_engine_core(
         return
     if EngineCore(engine, cmd_conn, out_conn, stats_interval_s).run() is False:
         sys.exit(1)
+
+
+def freeze_startup_heap() -> int:
+    """Put every object start-up left behind (modules, the model's wrappers, compiled kernels, the tokenizer)
+    out of the garbage collector's reach, and return how many. A full collection walks every tracked object:
+    150 ms for the 237,000 of brisk's imports alone on a 2-core CPU. Under load, allocations trigger one every
+    few seconds, and in the engine loop it is a pause that every stream sees as one long inter-token gap; in
+    the HTTP process it holds back every stream's chunks. Frozen objects are never collected (they live as long
+    as the process anyway); what serving allocates later is collected as before. vLLM freezes its engine alike."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def ready_info(engine: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from brisk.engine.async_engine import AsyncLLM
+from brisk.engine.core_process import freeze_startup_heap
 from brisk.engine.metrics import CONTENT_TYPE_LATEST, EngineMetrics
 from brisk.entrypoints.openai.auth import APIKeyMiddleware
 from brisk.entrypoints.openai.config import ServerConfig
@@ -287,6 +288,8 @@ def run_server(
         ", ".join(config.served_model_names),
     )
     app = build_app(engine, config, metrics)
+    frozen = freeze_startup_heap()  # this process streams every response: no collector pauses in it either
+    logger.debug("%d start-up objects frozen in the engine process, %d here", engine.engine_gc_frozen_objects, frozen)
     uv_config = uvicorn.Config(
         app,
         log_level=uvicorn_log_level,
