@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from brisk import LLM
+from brisk import LLM, SamplingParams
 
 LAYER0 = "model.layers.0."
 
@@ -96,6 +96,24 @@ def test_unsupported_weight_scheme(ct_checkpoint, tmp_path, change, message):
     )
     with pytest.raises(ValueError, match=rf"compressed-tensors scheme of model.layers.0.self_attn.qkv_proj: {message}"):
         _start(folder)
+
+
+@pytest.mark.parametrize("actorder", ["static", "weight"])
+def test_weight_activation_order_loads_as_without(ct_checkpoint, tmp_path, actorder):
+    """llmcompressor's GPTQModifier writes actorder "static" (an alias of "weight") by default: it ordered the
+    calibration only, the saved groups are in column order, so the tokens equal the same checkpoint without it."""
+    plain = ct_checkpoint("W4A16", group_size=32)
+    folder = _edited(
+        plain, tmp_path / "m", config=lambda q: q["config_groups"]["group_0"]["weights"].update(actorder=actorder)
+    )
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [[5, 9, 17, 33, 65, 129]]
+
+    def tokens(model: str) -> list[int]:
+        llm = LLM(model, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 22)
+        return llm.generate(prompts, params, use_tqdm=False)[0].outputs[0].token_ids
+
+    assert tokens(folder) == tokens(plain)
 
 
 def test_unsupported_format(ct_checkpoint, tmp_path):

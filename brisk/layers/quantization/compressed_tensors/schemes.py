@@ -20,8 +20,10 @@ def make_linear_method(weights: dict | None, inputs: dict | None, fmt: str, pref
         raise unsupported(prefix, "a group without weight quantization")
     if weights.get("dynamic"):
         raise unsupported(prefix, "dynamic weight quantization")
-    if weights.get("actorder"):
-        raise unsupported(prefix, f"weights actorder={weights['actorder']!r} (GPTQ activation order)")
+    # "weight" (alias "static", llmcompressor GPTQModifier's default) only orders GPTQ's calibration: the groups
+    # stay in column order and no g_idx is saved, so the weights load as without it.
+    if weights.get("actorder") not in (None, "weight", "static"):
+        raise unsupported(prefix, f"weights actorder={weights['actorder']!r} (GPTQ activation order with g_idx)")
     kind, bits = weights.get("type"), weights.get("num_bits")
     if kind == "float" and bits == 8 and fmt in ("float-quantized", "naive-quantized"):
         from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
