@@ -167,7 +167,7 @@ NAMED_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type
 
 # field -> [(path, extra body, check or BAD)]; the base request's own fields (model, prompt, messages) need none
 CASES: dict[str, list[tuple[str, dict, Check | str]]] = {
-    "model": [(C, {}, accepted), (C, {"model": "no-such-model"}, BAD)],
+    "model": [(C, {}, accepted), (C, {"model": "no-such-model"}, "404")],
     "messages": [(CHAT, {}, accepted)],
     "prompt": [(C, {"prompt": [1, 2, 3]}, usage("prompt_tokens", 3))],
     "max_tokens": [(C, {"max_tokens": 2}, usage("completion_tokens", 2))],

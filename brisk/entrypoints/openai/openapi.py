@@ -64,8 +64,8 @@ def openapi_document(app: FastAPI, config: ServerConfig, max_model_len: int, voc
                 continue
             # 503 anywhere: the connection cap's answer comes before any routing.
             statuses: tuple[int, ...] = (401, 503) if path in ("/metrics", "/version", "/v1/models") else engine_errors
-            if method == "post":
-                statuses += (408, 413)
+            if method == "post":  # every POST route names a model: another is a 404
+                statuses += (404, 408, 413)
             if path == "/v1/models/{model_id}":
                 statuses = (401, 404, 503)
             if path in ("/v1/completions", "/v1/chat/completions"):
