@@ -16,6 +16,7 @@ triton = pytest.importorskip("triton")
 from brisk.layers.attention import default_backend  # noqa: E402
 from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
+from brisk.layers.attention.long_prefill import long_prefill_applies  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
 from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
 
@@ -113,6 +114,36 @@ def test_decode_batches(batch, max_ctx):
 )
 def test_prefill_and_mixed(name, seqs):
     check(name, seqs)
+
+
+@pytest.mark.parametrize(
+    "name,seqs",
+    [
+        ("32k prompt, second 16k chunk", [(32000, 15616)]),
+        ("16k prompt from scratch", [(16384, 16384)]),
+        ("two long chunks, one on a prefix hit", [(9000, 4096), (2500, 2500)]),
+    ],
+)
+def test_long_chunks_take_cudnn_and_match_the_reference(name, seqs):
+    """Steps of long chunks only take cuDNN's fused attention (split at the context, merged by log-sum-exp)."""
+    q, _, _, _, md = make_step(seqs)
+    assert long_prefill_applies(q, md)
+    check(name, seqs)
+
+
+def test_long_chunks_with_an_fp8_cache():
+    """The library path dequantizes an FP8 cache while gathering: it matches the Triton kernel on the same cache."""
+    q, k, v, cache, md = make_step([(12000, 6000)])
+    fp8 = cache.to(torch.float8_e4m3fn)
+    impl = TritonAttentionImpl(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, SCALE)
+    impl.k_scale = impl.v_scale = 0.5
+    assert long_prefill_applies(q, md)
+    cudnn = impl.forward(q, k, v, fp8, md).float()  # writes the chunk's keys and values, then attends
+    triton = tk.unified_attention(q, fp8, torch.empty_like(q), md.block_tables, md.seq_lens, md.query_start_loc,
+                                  SCALE, md.num_seqs, md.max_query_len, k_scale=0.5, v_scale=0.5)  # fmt: skip
+    err = (cudnn - triton.float()).abs().max().item()
+    print(f"\n  fp8 cache, long chunk: max|cudnn-triton| {err:.2e}")
+    assert err < 2e-2
 
 
 def test_fp16_and_other_head_sizes():

@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 from brisk.layers.attention import default_backend, get_attn_impl_cls  # noqa: E402
 from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
+from brisk.layers.attention.long_prefill import long_prefill_applies, long_prefill_attention  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
 from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
 from brisk.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -148,6 +149,24 @@ def test_unified_tile_shapes(block_m, tile_n):
         md.max_query_len, block_m=block_m, tile_n=tile_n,
     )  # fmt: skip
     assert_close(out, ref)
+
+
+@pytest.mark.parametrize("seqs", [[(45, 13)], [(29, 29)], [(70, 9), (40, 40), (33, 12)]])
+@pytest.mark.parametrize("kv_cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_long_prefill_split_at_the_context_matches_reference(seqs, kv_cache_dtype):
+    """The library path for long chunks (each chunk over its context, unmasked, and over itself, causal, merged
+    by their log-sum-exps) gives the reference's attention; here through torch's CPU flash kernel, on GPUs
+    through cuDNN's (tests/gpu). An FP8 cache is dequantized while its pages are gathered."""
+    num_heads, num_kv_heads, head_size = 8, 2, 32
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, 8, seed=3)
+    ref_impl = TorchAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5)
+    cache = cache.nan_to_num().to(kv_cache_dtype)  # NaN has no FP8 encoding; unwritten slots are never read
+    k_scale = v_scale = 1.0 if kv_cache_dtype == torch.float32 else 0.5
+    ref_impl.k_scale, ref_impl.v_scale = k_scale, v_scale
+    ref = ref_impl.forward(q, k, v, cache, md)
+    out = long_prefill_attention(q, cache, torch.empty_like(q), md, head_size**-0.5, k_scale, v_scale)
+    assert_close(out, ref)
+    assert not long_prefill_applies(q, md)  # a float32 CPU step stays on the Triton kernel in a model
 
 
 def test_unified_handles_empty_query_and_strided_io():

@@ -97,3 +97,11 @@ def write_kv_cache(
         key, value = quantize_kv(key, k_scale).view(torch.uint8), quantize_kv(value, v_scale).view(torch.uint8)
     flat[0].index_copy_(0, slot_mapping, key.to(flat.dtype))
     flat[1].index_copy_(0, slot_mapping, value.to(flat.dtype))
+
+
+def gather_pages(kv_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Blocks ``blocks`` of the cache (keys and values), gathered in one ``index_select`` (as bytes for FP8,
+    which has no CPU gather kernel)."""
+    if is_fp8(kv_cache):
+        return kv_cache.view(torch.uint8).index_select(1, blocks).view(kv_cache.dtype)
+    return kv_cache.index_select(1, blocks)

@@ -5,16 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata, gather_pages
 from brisk.layers.quantization.kv_cache import dequantize_kv, is_fp8
-
-
-def _pages(kv_cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """Blocks ``blocks`` of the cache (keys and values), gathered in one ``index_select`` (as bytes for FP8,
-    which has no CPU gather kernel)."""
-    if is_fp8(kv_cache):
-        return kv_cache.view(torch.uint8).index_select(1, blocks).view(kv_cache.dtype)
-    return kv_cache.index_select(1, blocks)
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -32,7 +24,7 @@ class TorchAttentionImpl(AttentionImpl):
             num_blocks = -(-seq_len // block_size)
             blocks = metadata.block_tables[i, :num_blocks].long()
             # One index_select for keys and values: advanced indexing costs twice as much per call on CPU.
-            k, v = self._read(_pages(kv_cache, blocks).flatten(1, 2)[:, :seq_len], query.dtype)
+            k, v = self._read(gather_pages(kv_cache, blocks).flatten(1, 2)[:, :seq_len], query.dtype)
             q = query[q_start:q_end]
             # Query row r sits at position (seq_len - query_len + r) and sees keys up to and including it. A
             # single query sees every key and a whole prompt is plain causal: no mask tensor, so SDPA may take
@@ -76,7 +68,7 @@ class TorchAttentionImpl(AttentionImpl):
         block_size = kv_cache.shape[2]
         num_blocks = -(-metadata.max_seq_len // block_size)
         tables = metadata.block_tables[: metadata.num_seqs, :num_blocks].long()
-        pages = _pages(kv_cache, tables.flatten()).unflatten(1, tables.shape).flatten(2, 3)
+        pages = gather_pages(kv_cache, tables.flatten()).unflatten(1, tables.shape).flatten(2, 3)
         if is_fp8(kv_cache):
             pages = torch.stack(self._read(pages, query.dtype))
         positions = torch.arange(pages.shape[2], device=query.device)

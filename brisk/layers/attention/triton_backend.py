@@ -6,6 +6,7 @@ import torch
 
 from brisk.layers.attention import triton_kernels as tk
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
+from brisk.layers.attention.long_prefill import long_prefill_applies, long_prefill_attention
 from brisk.layers.rotary import RotaryEmbedding
 
 
@@ -16,7 +17,8 @@ class TritonAttentionImpl(AttentionImpl):
     Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, which also rotates and
     stores the step's keys: one launch per layer, reading only host-side metadata (``num_seqs``,
     ``max_seq_len``) and shapes, so it can be captured in a CUDA graph. Every other step (prefill chunks with
-    cached prefixes, mixed prefill + decode, speculative 1 + k) writes the cache, then takes the unified kernel.
+    cached prefixes, mixed prefill + decode, speculative 1 + k) writes the cache, then takes the unified kernel,
+    except steps of long chunks only, which take cuDNN's fused attention (``long_prefill.py``).
     """
 
     def forward(
@@ -43,6 +45,8 @@ class TritonAttentionImpl(AttentionImpl):
             tk.rope_and_write_kv_cache(
                 positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping, k_scale, v_scale
             )
+        if long_prefill_applies(query, metadata):
+            return long_prefill_attention(query, kv_cache, output, metadata, self.scale, k_scale, v_scale)
         return tk.unified_attention(
             query,
             kv_cache,

@@ -683,10 +683,12 @@ def rope_and_write_kv_cache(
 
 
 def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, TILE_N, num_warps, num_stages) for the unified kernel; leads to verify on the H200."""
+    """(BLOCK_M, TILE_N, num_warps, num_stages) for the unified kernel. The 128-row tile is the H200's best for
+    the 8B shape's long chunks (``benchmarks/tune_prefill_attention.py``: 413 TFLOP/s with 4 warps, 339 with 8);
+    the smaller ones are leads to verify."""
     rows = max_query_len * queries_per_kv  # rows a sequence can fill
     if rows >= 128 and head_p2 <= 128:
-        block_m, tile_n, warps, stages = 128, 64, 8, 3
+        block_m, tile_n, warps, stages = 128, 64, 4, 3
     elif rows >= 64:
         block_m, tile_n, warps, stages = (64, 64, 4, 3) if head_p2 <= 128 else (64, 32, 8, 3)
     else:
