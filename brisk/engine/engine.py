@@ -28,6 +28,7 @@ from brisk.engine.detokenizer import IncrementalDetokenizer
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
+from brisk.engine.step_timeline import StepTimeline
 from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.executor import create_executor
@@ -137,9 +138,11 @@ class LLMEngine:
         self._pipeline: deque[LaunchedStep] = deque()  # pipeline parallelism: a batch per stage in flight
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
+        self.step_timeline = StepTimeline(path="")  # off for the warm-up
         if self.device.type == "cuda":
             with self._startup_phase("warm-up"):
                 self.warm_up()
+        self.step_timeline = StepTimeline()  # BRISK_STEP_TIMELINE=FILE: a line per step
         logger.info(
             "engine ready in %.1f s (%s)",
             time.perf_counter() - started,
@@ -467,6 +470,7 @@ class LLMEngine:
     def _apply(self, schedule: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
         """Book a finished step's tokens: timings and logprobs, stops, detokenization, outputs."""
         timer = self.step_timer
+        apply_started = time.perf_counter()
         now = time.time()
         for request_id, (start, entries) in result.prompt_logprobs.items():
             req = self.scheduler.requests.get(request_id)
@@ -527,6 +531,8 @@ class LLMEngine:
             if parent.stream or all(c.finish_reason is not None for c in parent.completions):
                 outputs.append(self._make_output(parent, now))
         timer.mark("outputs")
+        if self.step_timeline.enabled:
+            self.step_timeline.record(schedule, apply_started, len(self.scheduler.running), len(self.scheduler.waiting))
         return outputs
 
     @staticmethod
