@@ -10,6 +10,13 @@ up to ``Q`` tokens replays a one-sequence graph of the next prefill length: a re
 gets its first token without hundreds of kernel launches. Attention metadata is captured with
 ``max_seq_len = max_model_len``: the decode kernel sizes its grid from that bound, the unified kernel from the
 token and sequence counts, and both find each sequence's real length on the device.
+
+Steps that mix several sequences' prompt chunks with decodes (a serving batch while requests arrive) replay a
+*packed* graph (``PackedStepGraphs``) of the next token count: the rows stay packed as in an eager step, the rows
+past the real ones are a padding sequence of their own (no KV write, and no real row attends to them), and empty
+sequences fill the count up to ``max_num_seqs + 1``, so one graph per token count serves any mix. Under 2,048
+tokens such a step of an 8B model is launch-bound: 30 to 50 ms launched from the host, against 16 ms for a graphed
+decode of 256 sequences (the step timeline of W5 at 256 streams on an H200).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import bisect
 import logging
 import time
 
+import numpy as np
 import torch
 
 from brisk.forward_context import set_forward_context
@@ -35,12 +43,26 @@ MAX_VERIFY_GRAPH_SEQS = 64
 PREFILL_GRAPH_QUERY_LENS = (16, 32, 64, 128, 256, 512, 1024)
 
 
-def prefill_query_lens(max_num_batched_tokens: int, max_tokens: int, max_model_len: int) -> list[int]:
-    """Query lengths of the one-sequence prefill graphs that fit the input buffers (``max_tokens`` rows) and the
-    context, up to the first that holds a whole step's budget: a longer graph would never be replayed."""
-    lens = [q for q in PREFILL_GRAPH_QUERY_LENS if q <= min(max_tokens, max_model_len)]
+# Packed (mixed-step) graphs are captured at these token counts; above them a step is compute-bound.
+MIXED_GRAPH_TOKENS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def _lengths_within(candidates: tuple[int, ...], max_num_batched_tokens: int, max_tokens: int, max_model_len: int):
+    """The candidate row counts that fit the input buffers (``max_tokens`` rows) and the context, up to the first
+    that holds a whole step's budget: a longer graph would never be replayed."""
+    lens = [q for q in candidates if q <= min(max_tokens, max_model_len)]
     needed = [q for q in lens if q < max_num_batched_tokens]
     return lens[: len(needed) + 1]
+
+
+def prefill_query_lens(max_num_batched_tokens: int, max_tokens: int, max_model_len: int) -> list[int]:
+    """Query lengths of the one-sequence prefill graphs."""
+    return _lengths_within(PREFILL_GRAPH_QUERY_LENS, max_num_batched_tokens, max_tokens, max_model_len)
+
+
+def mixed_graph_tokens(max_num_batched_tokens: int, max_tokens: int, max_model_len: int) -> list[int]:
+    """Token counts of the packed graphs for mixed steps."""
+    return _lengths_within(MIXED_GRAPH_TOKENS, max_num_batched_tokens, max_tokens, max_model_len)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -86,20 +108,27 @@ class StepGraphs:
         qsl = list(range(0, size * q + 1, q))
         return self.buffers.metadata(size * q, size, q, self.max_model_len, qsl, [q] * size)
 
+    def _rows(self, size: int) -> int:
+        return size * self.query_len
+
+    def _stage(self, size: int) -> None:
+        """Fill the device buffers with a harmless step of ``size`` (padding rows only) to capture it on."""
+        self.buffers.begin_step(size * self.query_len, size)
+        self.buffers.fill_padding(0, 0, self.query_len)
+        self.buffers.clear_block_table()
+        self.buffers.upload(block_width=1, sampled=None)
+
     @torch.inference_mode()
     def capture(self, pool=None, what: str = "decode"):
         """Capture every size (largest first, so smaller graphs reuse its memory); returns the memory pool, which
         another graph set may share."""
         start = time.perf_counter()
-        buffers, q = self.buffers, self.query_len
-        largest = self.sizes[-1]
-        buffers.begin_step(largest * q, largest)
-        buffers.fill_padding(0, 0, q)
-        buffers.clear_block_table()
-        buffers.upload(block_width=1, sampled=None)
+        buffers = self.buffers
         stream = torch.cuda.Stream()
         for size in reversed(self.sizes):
-            ids, pos = buffers.on_device.input_ids[: size * q], buffers.on_device.positions[: size * q]
+            self._stage(size)
+            rows = self._rows(size)
+            ids, pos = buffers.on_device.input_ids[:rows], buffers.on_device.positions[:rows]
             with set_forward_context(self._metadata(size)):
                 self.model(ids, pos)  # warm-up: compiles kernels, settles the allocator
                 graph = torch.cuda.CUDAGraph()
@@ -109,12 +138,50 @@ class StepGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize()
         logger.info(
-            "captured %d %s CUDA graphs (%d tokens per sequence) in %.1f s",
-            len(self.graphs), what, q, time.perf_counter() - start,
+            "captured %d %s CUDA graphs (%s) in %.1f s", len(self.graphs), what, self._describe(),
+            time.perf_counter() - start,
         )  # fmt: skip
         return pool
+
+    def _describe(self) -> str:
+        return f"{self.query_len} tokens per sequence"
 
     def replay(self, size: int) -> torch.Tensor:
         """The hidden states of all ``size * query_len`` rows (padding included)."""
         self.graphs[size].replay()
         return self.outputs[size]
+
+
+class PackedStepGraphs(StepGraphs):
+    """Graphs of mixed steps, one per padded token count (``sizes``), over ``num_seqs`` sequences (the input
+    buffers' capacity): real rows packed, then a padding sequence, then empty ones. ``model_runner`` lays a step
+    out so (``_prepare`` with ``packed_tokens``)."""
+
+    def __init__(self, model: torch.nn.Module, buffers: InputBuffers, sizes: list[int], max_model_len: int,
+                 num_seqs: int):  # fmt: skip
+        super().__init__(model, buffers, sizes, max_model_len)
+        self.num_seqs = num_seqs
+
+    def _rows(self, size: int) -> int:
+        return size
+
+    def _metadata(self, size: int):
+        qsl = [0] + [size] * self.num_seqs
+        seq_lens = [size] + [0] * (self.num_seqs - 1)
+        return self.buffers.metadata(size, self.num_seqs, size, self.max_model_len, qsl, seq_lens)
+
+    def _stage(self, size: int) -> None:
+        """One sequence of ``size`` padding rows (no KV write) and empty ones after it."""
+        step = self.buffers.begin_step(size, self.num_seqs)
+        step.input_ids[:] = 0
+        step.positions[:] = np.arange(size)
+        step.slot_mapping[:] = -1
+        step.seq_lens[:] = 0
+        step.seq_lens[0] = size
+        step.query_start_loc[0] = 0
+        step.query_start_loc[1:] = size
+        self.buffers.clear_block_table()
+        self.buffers.upload(block_width=1, sampled=None)
+
+    def _describe(self) -> str:
+        return f"{self.sizes[0]} to {self.sizes[-1]} tokens in up to {self.num_seqs} sequences"

@@ -23,7 +23,14 @@ from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
-from brisk.worker.cuda_graphs import StepGraphs, capture_sizes, prefill_query_lens, verify_capture_sizes
+from brisk.worker.cuda_graphs import (
+    PackedStepGraphs,
+    StepGraphs,
+    capture_sizes,
+    mixed_graph_tokens,
+    prefill_query_lens,
+    verify_capture_sizes,
+)
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
 
@@ -193,13 +200,15 @@ class ModelRunner:
         self, max_num_batched_tokens: int, max_num_seqs: int, enforce_eager: bool, num_speculative_tokens: int = 0
     ) -> None:
         """Allocate the persistent input buffers, then capture CUDA graphs where they apply: for decode steps, for
-        one sequence's prefill of up to 1,024 tokens and, with speculation of ``k = num_speculative_tokens``, for
+        one sequence's prefill of up to 1,024 tokens, for mixed steps of up to 2,048 tokens (packed graphs, not
+        with a draft model) and, with speculation of ``k = num_speculative_tokens``, for
         verification steps of ``1 + k`` rows per sequence (the draft model's passes and its mirror of those steps
         too)."""
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
-        self.buffers = InputBuffers(max_tokens, max_num_seqs, max_blocks, self.device)
-        self.graphs = self.verify_graphs = None
+        # One sequence more than a batch holds: a packed graph's padding rows are a sequence of their own.
+        self.buffers = InputBuffers(max_tokens, max_num_seqs + 1, max_blocks, self.device)
+        self.graphs = self.verify_graphs = self.mixed_graphs = None
         self.prefill_graphs: list[StepGraphs] = []  # by query length, shortest first
         # The torch reference loops on the host and FlashInfer plans each step on the host: both run eagerly.
         use_graphs = self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton"
@@ -211,6 +220,10 @@ class ModelRunner:
             for q in reversed(prefill_query_lens(max_num_batched_tokens, max_tokens, max_len)):
                 self.prefill_graphs.insert(0, StepGraphs(self.model, self.buffers, [1], max_len, q))
                 pool = self.prefill_graphs[0].capture(pool, "prefill")
+            tokens = mixed_graph_tokens(max_num_batched_tokens, max_tokens, max_len)
+            if self.drafter is None and tokens:  # a draft model mirrors each step eagerly from the packed layout
+                self.mixed_graphs = PackedStepGraphs(self.model, self.buffers, tokens, max_len, max_num_seqs + 1)
+                pool = self.mixed_graphs.capture(pool, "mixed-step")
             query_len = 1 + num_speculative_tokens
             sizes = verify_capture_sizes(max_num_seqs, query_len, max_tokens)
             if num_speculative_tokens and sizes:
@@ -221,19 +234,22 @@ class ModelRunner:
 
     # ---- one step -----------------------------------------------------------------------------------------
     def _graphs_for(self, out: SchedulerOutput) -> tuple[StepGraphs | None, int]:
-        """The graph set and padded batch size that run this step, or (None, 0) to run it eagerly: decode steps,
-        speculative steps whose rows all fit the verification graphs' ``1 + k``, and one sequence's prefill of
-        up to the longest prefill graph's tokens (each without running past ``max_model_len``, where the padding
-        rows' block-table reads would end)."""
+        """The graph set and padded batch size (a packed set: token count) that run this step, or (None, 0) to
+        run it eagerly: decode steps, speculative steps whose rows all fit the verification graphs' ``1 + k``,
+        one sequence's prefill of up to the longest prefill graph's tokens, other steps of up to the longest
+        packed graph's tokens (each without running past ``max_model_len``, where the padding rows' block-table
+        reads would end)."""
         max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
         if max_query_len == 1:
             graphs = self.graphs
         elif out.spec_token_ids:
             graphs = self.verify_graphs
-        elif len(out.scheduled) == 1:
-            graphs = next((g for g in self.prefill_graphs if g.query_len >= max_query_len), None)
         else:
-            return None, 0
+            graphs = None
+            if len(out.scheduled) == 1:
+                graphs = next((g for g in self.prefill_graphs if g.query_len >= max_query_len), None)
+            if graphs is None:
+                return self._packed_graphs_for(out)
         if graphs is None:
             return None, 0
         q = graphs.query_len
@@ -242,16 +258,28 @@ class ModelRunner:
         padded = graphs.padded_size(len(out.scheduled))
         return (graphs, padded) if padded else (None, 0)
 
-    def _prepare(self, out: SchedulerOutput, stride: int | None, padded: int) -> tuple[AttentionMetadata, list[int]]:
+    def _packed_graphs_for(self, out: SchedulerOutput) -> tuple[PackedStepGraphs | None, int]:
+        """The packed graphs and the padded token count for a mixed step, or (None, 0) when it is longer than the
+        longest."""
+        graphs = self.mixed_graphs
+        padded = graphs.padded_size(out.total_num_tokens) if graphs is not None else None
+        return (graphs, padded) if padded else (None, 0)
+
+    def _prepare(
+        self, out: SchedulerOutput, stride: int | None, padded: int, packed_tokens: int = 0
+    ) -> tuple[AttentionMetadata, list[int]]:
         """Fill the input buffers for this step. Rows are packed, or with ``stride`` (a graph's query length)
         each sequence owns ``stride`` rows, the ones it does not fill padding, and ``padded`` sequences in all.
+        With ``packed_tokens`` (a packed graph's token count) the rows stay packed, the rows after them up to that
+        count are a padding sequence of their own (a context of just themselves, no KV write: the real rows never
+        see them), and empty sequences follow it up to ``padded``.
         Returns the metadata and, per scheduled request, the end of its rows."""
         bs = self.block_size
         buf = self.buffers
         num_seqs = len(out.scheduled)
         num_tokens = sum(entry.num_new_tokens for entry in out.scheduled)
         max_query_len = max(entry.num_new_tokens for entry in out.scheduled)
-        step = buf.begin_step(padded * stride if stride else num_tokens, padded or num_seqs)
+        step = buf.begin_step(packed_tokens or (padded * stride if stride else num_tokens), padded or num_seqs)
         if stride and stride > 1:  # rows a sequence leaves empty: no KV write
             step.input_ids[:] = step.positions[:] = 0
             step.slot_mapping[:] = -1
@@ -290,6 +318,15 @@ class ModelRunner:
             block_width = max(block_width, -(-end // bs))
             query_start_loc.append(token + (stride or num_new))
             seq_lens.append(end)
+        if packed_tokens:  # the padding sequence (its block-table row holds earlier ids: any block will do)
+            pad = packed_tokens - num_tokens
+            step.input_ids[num_tokens:] = 0
+            step.positions[num_tokens:] = np.arange(pad)
+            step.slot_mapping[num_tokens:] = -1
+            block_width = max(block_width, -(-pad // bs))
+            query_start_loc += [packed_tokens] * (padded - num_seqs)
+            seq_lens += [pad] + [0] * (padded - num_seqs - 1)
+            num_seqs = padded
         step.seq_lens[:num_seqs] = seq_lens
         step.query_start_loc[: num_seqs + 1] = query_start_loc
         if stride:
@@ -307,7 +344,10 @@ class ModelRunner:
         chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
         draft_probs = self.drafter.draft(out) if self.drafter is not None and out.spec_token_ids else {}
         graphs, padded = self._graphs_for(out)
-        metadata, row_ends = self._prepare(out, graphs.query_len if graphs else None, padded)
+        if isinstance(graphs, PackedStepGraphs):
+            metadata, row_ends = self._prepare(out, None, graphs.num_seqs, packed_tokens=padded)
+        else:
+            metadata, row_ends = self._prepare(out, graphs.query_len if graphs else None, padded)
         timer.mark("prepare")
         on_device = self.buffers.on_device
         if graphs is not None:

@@ -2,8 +2,8 @@
 
 - Triton attention backend vs the torch reference backend: same greedy tokens (float32), including chunked
   prefill with prefix-cache hits and mixed batches.
-- CUDA-graph replay vs eager: same tokens (bf16: same kernels, so bit-identical); prefill graphs, whose padded
-  rows change the GEMMs' shapes, in float32.
+- CUDA-graph replay vs eager: same tokens (bf16: same kernels, so bit-identical); prefill and mixed-step graphs,
+  whose padded rows change the GEMMs' shapes, in float32.
 - Async scheduling (step N+1 launched while N runs, its inputs fed from N's sampled ids on the device) vs
   synchronous steps: same tokens (float32), with early stops, chunked prefill and preemption.
 - transformers parity on the GPU in float32, and logits of an 8B-shaped model close between backends in bf16.
@@ -56,10 +56,38 @@ def test_triton_backend_matches_torch_backend_fp32(tiny):
 
 
 def test_cuda_graphs_match_eager_bf16(tiny):
+    """Decode graphs replay the eager step's kernels. Mixed steps stay eager here: packed graphs pad the GEMMs and
+    pick the attention tile for their longest chunk (checked in float32 below)."""
     eager = tokens(make(tiny, dtype="bfloat16", enforce_eager=True))
     graphs = make(tiny, dtype="bfloat16", enforce_eager=False)
     assert graphs.engine.model_runner.graphs is not None
+    graphs.engine.model_runner.mixed_graphs = None
     assert tokens(graphs) == eager
+
+
+def test_mixed_graphs_match_eager_fp32(tiny):
+    """Steps of several prompts' chunks beside decodes replay the packed graph of the next token count, rows
+    padded: same tokens as eager, prefix-cache hits included."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eager = tokens(make(tiny, dtype="float32", enforce_eager=True), PROMPTS, params)
+    llm = make(tiny, dtype="float32", max_num_batched_tokens=128)
+    runner = llm.engine.model_runner
+    assert runner.mixed_graphs.sizes == [64, 128]
+    replayed = []
+    graphs_for = runner._graphs_for
+
+    def spy(out):
+        graphs, padded = graphs_for(out)
+        if graphs is runner.mixed_graphs:
+            replayed.append((len(out.scheduled), out.total_num_tokens, padded))
+        return graphs, padded
+
+    runner._graphs_for = spy
+    tokens(llm, PROMPTS[:4], params)  # cached prefixes for the run below
+    assert tokens(llm, PROMPTS, params) == eager
+    assert any(total < padded for _, total, padded in replayed), replayed  # padding rows
+    assert any(n > 1 for n, _, _ in replayed), replayed
+    assert llm.engine.get_stats().prefix_cache_hits > 0
 
 
 def test_prefill_graphs_match_eager_fp32(tiny):

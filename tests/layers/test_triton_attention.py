@@ -169,6 +169,30 @@ def test_long_prefill_split_at_the_context_matches_reference(seqs, kv_cache_dtyp
     assert not long_prefill_applies(q, md)  # a float32 CPU step stays on the Triton kernel in a model
 
 
+def test_unified_over_a_packed_graph_layout():
+    """The layout a packed (mixed-step) CUDA graph replays: the real rows packed, then a padding sequence of rows
+    that write no KV and read unwritten (NaN) slots, then empty sequences up to the graph's count, the launch sized
+    for the graph (its token count as the longest query). The real rows equal the plain step's."""
+    num_heads, num_kv_heads, head_size, block_size = 4, 2, 32, 8
+    q, k, v, cache, md = make_batch(MIXED, num_heads, num_kv_heads, head_size, block_size, seed=4)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    real, tokens, seqs = md.num_tokens, 64, 8
+    pad = tokens - real
+    seq_lens = md.seq_lens_cpu + [pad] + [0] * (seqs - len(MIXED) - 1)
+    starts = md.query_start_loc_cpu + [tokens] * (seqs - len(MIXED))
+    block_tables = torch.zeros(seqs, md.block_tables.shape[1], dtype=torch.int32, device=DEVICE)
+    block_tables[: len(MIXED)] = md.block_tables
+    block_tables[len(MIXED)] = md.block_tables[1]  # a real sequence's pages: the padding reads, never writes
+    padded_q = torch.cat([q, torch.randn(pad, num_heads, head_size, device=DEVICE)])
+    out = torch.full_like(padded_q, float("nan"))
+    tk.unified_attention(
+        padded_q, cache, out, block_tables, torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        torch.tensor(starts, dtype=torch.int32, device=DEVICE), head_size**-0.5, seqs, tokens,
+    )  # fmt: skip
+    assert_close(out[:real], ref)
+
+
 def test_unified_handles_empty_query_and_strided_io():
     """A sequence with no query token this step; query/output as strided views of fused buffers."""
     seqs = [(12, 4), (20, 0), (7, 7), (30, 1)]

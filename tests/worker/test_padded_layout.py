@@ -1,22 +1,24 @@
 """The padded layouts the CUDA graphs replay: in a speculative verification step each sequence owns ``1 + k``
 rows, the ones its drafts do not fill are padding, and more padding sequences follow; a lone sequence's prefill
-fills the first rows of a prefill graph's query length. On real steps, the hidden states of every real row and
-the KV cache it leaves equal those of the packed layout the eager path runs (torch attention backend, float32)."""
+fills the first rows of a prefill graph's query length; a mixed step keeps its rows packed, padding rows continue
+its last sequence up to a packed graph's token count and empty sequences follow. On real steps, the hidden states
+of every real row and the KV cache it leaves equal those of the packed layout the eager path runs (torch attention
+backend, float32)."""
 
 import torch
 
 from brisk import LLM, SamplingParams
 from brisk.forward_context import set_forward_context
-from brisk.worker.cuda_graphs import prefill_query_lens
+from brisk.worker.cuda_graphs import mixed_graph_tokens, prefill_query_lens
 from tests.engine.test_equivalence import prompts_with_shared_prefix
 
 K = 3
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-def _forward(runner, out, stride, padded):
+def _forward(runner, out, stride, padded, packed_tokens=0):
     """Hidden states of each scheduled request's rows, in order, after filling the buffers in one layout."""
-    metadata, row_ends = runner._prepare(out, stride, padded)
+    metadata, row_ends = runner._prepare(out, stride, padded, packed_tokens)
     ids = runner.buffers.on_device.input_ids[: metadata.num_tokens]
     positions = runner.buffers.on_device.positions[: metadata.num_tokens]
     with set_forward_context(metadata):
@@ -25,11 +27,12 @@ def _forward(runner, out, stride, padded):
     return hidden[[r for span in rows for r in span]], metadata
 
 
-def _check_padded_equals_packed(runner, out, stride: int, padded: int) -> None:
+def _check_padded_equals_packed(runner, out, stride: int | None, padded: int, packed_tokens: int = 0) -> None:
     packed, _ = _forward(runner, out, None, 0)
     caches = [c.clone() for c in runner.kv_caches]
-    strided, metadata = _forward(runner, out, stride, padded)
-    assert metadata.num_tokens == padded * stride and metadata.max_query_len == stride
+    strided, metadata = _forward(runner, out, stride, padded, packed_tokens)
+    assert metadata.num_tokens == (packed_tokens or padded * stride) and metadata.num_seqs == padded
+    assert packed_tokens or metadata.max_query_len == stride
     torch.testing.assert_close(strided, packed, rtol=1e-5, atol=1e-5)
     for before, after in zip(caches, runner.kv_caches):  # same slots written, none beside them
         torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
@@ -77,6 +80,37 @@ def test_padded_prefill_rows_equal_packed_rows(tiny_llama):
         llm.generate([prompt], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert lens == [16, 32] and any(start > 0 for start, _ in checked), checked  # chunks and cache hits ran
     assert any(n not in lens for _, n in checked), checked  # prompts that leave padding rows
+
+
+def test_packed_mixed_rows_equal_packed_rows(tiny_llama):
+    """Steps mixing prompt chunks, a prefix-cache hit and decodes, padded to the next packed graph's token count
+    (a padding sequence, then empty ones up to the buffers' capacity)."""
+    llm = LLM(tiny_llama, device="cpu", max_num_batched_tokens=64, max_num_seqs=8, kv_cache_memory_bytes=64 * 16 * 512)
+    runner = llm.engine.model_runner
+    graph_seqs = llm.engine.scheduler.max_num_seqs + 1  # as the runner's packed graphs: one for the padding
+    counts = mixed_graph_tokens(64, 64, llm.engine.max_model_len)
+    real_execute = runner.execute
+    checked = []
+
+    def execute(out, timer):
+        if len(out.scheduled) > 1 and max(e.num_new_tokens for e in out.scheduled) > 1:
+            tokens = next(t for t in counts if t >= out.total_num_tokens)
+            _check_padded_equals_packed(runner, out, None, graph_seqs, tokens)
+            checked.append((len(out.scheduled), out.total_num_tokens, tokens))
+        return real_execute(out, timer)
+
+    runner.execute = execute
+    prompts = prompts_with_shared_prefix(llm.get_tokenizer())[:5]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert counts == [64] and len(checked) > 2, checked
+    assert any(total < tokens for _, total, tokens in checked), checked  # steps that leave padding rows
+    assert llm.engine.get_stats().prefix_cache_hits > 0
+
+
+def test_mixed_graph_token_counts():
+    assert mixed_graph_tokens(8192, 8192, 4096) == [64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+    assert mixed_graph_tokens(300, 300, 4096) == [64, 128, 192, 256]  # the buffers cap them
+    assert mixed_graph_tokens(8192, 8192, 700) == [64, 128, 192, 256, 384, 512]  # so does the context
 
 
 def test_prefill_graphs_stop_at_the_first_that_holds_the_budget():
