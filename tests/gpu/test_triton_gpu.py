@@ -119,7 +119,7 @@ def test_prefill_and_mixed(name, seqs):
 @pytest.mark.parametrize(
     "name,seqs",
     [
-        ("32k prompt, second 16k chunk", [(32000, 15616)]),
+        ("12k prompt, second 6k chunk", [(12000, 6000)]),  # the fp32 reference of a 32k prompt needs 64 GB
         ("16k prompt from scratch", [(16384, 16384)]),
         ("two long chunks, one on a prefix hit", [(9000, 4096), (2500, 2500)]),
     ],
