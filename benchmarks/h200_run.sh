@@ -7,7 +7,8 @@
 # Missing Python packages can come as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder.
 # Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
 # BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
-# C with N prompts; default the W5 points "1:16 16:160 64:384 256:768"), BRISK_SERVE_INPUT_LEN (1024),
+# C with N prompts, or "C:N:PREFIX:INPUT" for W6's shared prefix; default the W5 points "1:16 16:160 64:384 256:768"
+# and W6 "64:256:2000:100"; ratios to vLLM where serve_anchor.sh left its files in $OUT), BRISK_SERVE_INPUT_LEN (1024),
 # BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (a folder with SmolLM2's tokenizer; default .scratch/smollm2-tokenizer),
 # BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
 # BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
@@ -39,8 +40,8 @@ PEER_W4=()
     bench long-context "${MODEL[@]}" "${PEER_W4[@]}" --output-json "$OUT/brisk_w4.json" | tail -9
 [ "${BRISK_SKIP_STARTUP:-0}" = 1 ] || bench startup "${MODEL[@]}" --output-json "$OUT/brisk_w7.json" | tail -6
 
-# W5 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:
-# $OUT/brisk_w5_c{C}.json, client output: $OUT/brisk_w5_c{C}.log), then SIGTERM and wait. A server that does not come
+# W5 and W6 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:
+# $OUT/brisk_w5_c{C}.json or brisk_w6.json, client output beside it), then SIGTERM and wait. A server that does not come
 # up costs at most BRISK_SERVE_READY_TIMEOUT: the client stops at once when the server process exits.
 serve_stage() {
     local port=${BRISK_SERVE_PORT:-8011} model=/tmp/brisk-serve-model tok=${BRISK_SERVE_TOKENIZER:-.scratch/smollm2-tokenizer}
@@ -67,18 +68,20 @@ serve_stage() {
     if "${client[@]}" --ready-timeout "${BRISK_SERVE_READY_TIMEOUT:-600}" --server-pid "$pid" --refused-timeout 0 \
         --num-prompts 1 --skip-initial-test >"$OUT/brisk_w5_warmup.log" 2>&1; then
         echo "brisk serve ready (and one request answered) after $((SECONDS - t0)) s;" \
-            "$(grep -a -o -m1 'Engine ready in [0-9.]* s' "$OUT/brisk_serve.log")"
-        local point c n
-        for point in ${BRISK_SERVE_POINTS:-1:16 16:160 64:384 256:768}; do
-            c=${point%%:*} n=${point##*:}
+            "$(grep -a -i -o -m1 'engine ready in .*' "$OUT/brisk_serve.log")"
+        local point c n prefix input name peer label
+        for point in ${BRISK_SERVE_POINTS:-1:16 16:160 64:384 256:768 64:256:2000:100}; do
+            IFS=: read -r c n prefix input <<<"$point"
+            if [ -n "$prefix" ]; then name=w6 peer=w6_prefix label=W6; else name=w5_c$c peer=w5_c$c label=W5-c$c; fi
             if ! kill -0 "$pid" 2>/dev/null; then
-                echo "brisk serve exited before W5 c=$c; its log ends:"; tail -30 "$OUT/brisk_serve.log"; break
+                echo "brisk serve exited before $label; its log ends:"; tail -30 "$OUT/brisk_serve.log"; break
             fi
-            rm -f "$OUT/brisk_w5_c$c.json"
-            "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "W5-c$c" \
-                --output-json "$OUT/brisk_w5_c$c.json" >"$OUT/brisk_w5_c$c.log" 2>&1
-            if [ -f "$OUT/brisk_w5_c$c.json" ]; then
-                python3 - "$OUT/brisk_w5_c$c.json" "$OUT/w5_c$c.json" <<'PY'
+            rm -f "$OUT/brisk_$name.json"
+            "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "$label" \
+                ${prefix:+--random-prefix-len "$prefix" --random-input-len "$input"} \
+                --output-json "$OUT/brisk_$name.json" >"$OUT/brisk_$name.log" 2>&1
+            if [ -f "$OUT/brisk_$name.json" ]; then
+                python3 - "$OUT/brisk_$name.json" "$OUT/$peer.json" <<'PY'
 import json, os, sys
 d = json.load(open(sys.argv[1]))
 m, c = d["results"]["server"], d["config"]
@@ -88,13 +91,15 @@ line = (f"{d['workload']['name']}: {m['completed']}/{c['num_prompts']} ok, TTFT 
 peer = sys.argv[2]  # vLLM's bench serve file for the same point, where serve_anchor.sh ran in this $OUT
 if os.path.isfile(peer):
     with open(peer) as f:
-        v = json.load(f).get("output_throughput")
-    if v:
-        line += f" ({m['output_throughput'] / v:.2f}x vLLM's {v:,.0f})"
+        v = json.load(f)
+    pairs = [("output tok/s", m["output_throughput"], v.get("output_throughput")),
+             ("TTFT p50", m["ttft_ms"]["median"], v.get("median_ttft_ms")),
+             ("TTFT p99", m["ttft_ms"]["p99"], v.get("p99_ttft_ms")), ("ITL p99", m["itl_ms"]["p99"], v.get("p99_itl_ms"))]
+    line += "; / vLLM: " + ", ".join(f"{k} {b / p:.2f}x" for k, b, p in pairs if p)
 print(line + (f"; errors: {m['errors'][:2]}" if m["errors"] else ""))
 PY
             else
-                echo "W5 c=$c: no result; the client's output ends:"; tail -5 "$OUT/brisk_w5_c$c.log"
+                echo "$label: no result; the client's output ends:"; tail -5 "$OUT/brisk_$name.log"
             fi
         done
     else
