@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton")
 from brisk.layers.attention import default_backend  # noqa: E402
 from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
-from brisk.layers.attention.long_prefill import long_prefill_applies  # noqa: E402
+from brisk.layers.attention.long_prefill import long_chunk_seqs  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
 from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
 
@@ -122,12 +122,14 @@ def test_prefill_and_mixed(name, seqs):
         ("12k prompt, second 6k chunk", [(12000, 6000)]),  # the fp32 reference of a 32k prompt needs 64 GB
         ("16k prompt from scratch", [(16384, 16384)]),
         ("two long chunks, one on a prefix hit", [(9000, 4096), (2500, 2500)]),
+        ("a long chunk beside short chunks and decodes", [(700, 1), (12000, 6000), (3000, 40), (90, 90), (64, 1)]),
     ],
 )
 def test_long_chunks_take_cudnn_and_match_the_reference(name, seqs):
-    """Steps of long chunks only take cuDNN's fused attention (split at the context, merged by log-sum-exp)."""
+    """Long chunks take cuDNN's fused attention (split at the context, merged by log-sum-exp); the unified kernel
+    computes the step's other sequences and skips theirs."""
     q, _, _, _, md = make_step(seqs)
-    assert long_prefill_applies(q, md)
+    assert long_chunk_seqs(q, md) == [i for i, (_, n) in enumerate(seqs) if n >= 2048]
     check(name, seqs)
 
 
@@ -137,7 +139,7 @@ def test_long_chunks_with_an_fp8_cache():
     fp8 = cache.to(torch.float8_e4m3fn)
     impl = TritonAttentionImpl(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, SCALE)
     impl.k_scale = impl.v_scale = 0.5
-    assert long_prefill_applies(q, md)
+    assert long_chunk_seqs(q, md) == [0]
     cudnn = impl.forward(q, k, v, fp8, md).float()  # writes the chunk's keys and values, then attends
     triton = tk.unified_attention(q, fp8, torch.empty_like(q), md.block_tables, md.seq_lens, md.query_start_loc,
                                   SCALE, md.num_seqs, md.max_query_len, k_scale=0.5, v_scale=0.5)  # fmt: skip

@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from brisk.layers.attention import default_backend, get_attn_impl_cls  # noqa: E402
 from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
-from brisk.layers.attention.long_prefill import long_prefill_applies, long_prefill_attention  # noqa: E402
+from brisk.layers.attention.long_prefill import long_chunk_seqs, long_prefill_attention  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
 from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
 from brisk.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -164,9 +164,31 @@ def test_long_prefill_split_at_the_context_matches_reference(seqs, kv_cache_dtyp
     k_scale = v_scale = 1.0 if kv_cache_dtype == torch.float32 else 0.5
     ref_impl.k_scale, ref_impl.v_scale = k_scale, v_scale
     ref = ref_impl.forward(q, k, v, cache, md)
-    out = long_prefill_attention(q, cache, torch.empty_like(q), md, head_size**-0.5, k_scale, v_scale)
+    out = long_prefill_attention(q, cache, torch.empty_like(q), md, list(range(len(seqs))), head_size**-0.5, k_scale,
+                                 v_scale)  # fmt: skip
     assert_close(out, ref)
-    assert not long_prefill_applies(q, md)  # a float32 CPU step stays on the Triton kernel in a model
+    assert long_chunk_seqs(q, md) == []  # a float32 CPU step stays on the Triton kernel in a model
+
+
+def test_unified_skips_flagged_sequences_for_the_long_chunk_path():
+    """A step whose long chunks take the library path: the unified kernel leaves their rows alone and computes the
+    rest; together they give the reference's attention."""
+    num_heads, num_kv_heads, head_size = 4, 2, 32
+    q, k, v, cache, md = make_batch(MIXED, num_heads, num_kv_heads, head_size, 8, seed=5)
+    ref, _ = reference(q, k, v, cache, md)
+    write_kv_cache(k, v, cache, md.slot_mapping)
+    long = [0, 1]  # the chunk on a cached prefix and the fresh prompt
+    out = torch.full_like(q, float("nan"))
+    skip = torch.tensor([int(i in long) for i in range(md.num_seqs)], dtype=torch.int32, device=DEVICE)
+    tk.unified_attention(
+        q, cache, out, md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs,
+        md.max_query_len, skip_seqs=skip,
+    )  # fmt: skip
+    skipped_rows = md.query_start_loc_cpu[2]
+    assert out[:skipped_rows].isnan().all()
+    assert_close(out[skipped_rows:], ref[skipped_rows:])
+    long_prefill_attention(q, cache.nan_to_num(), out, md, long, head_size**-0.5)
+    assert_close(out, ref)
 
 
 def test_unified_over_a_packed_graph_layout():

@@ -12,9 +12,10 @@ each with its log-sum-exp, merged exactly: ``out = lerp(out_self, out_context, s
 (the softmax weight of the context's share). The sequence's pages are gathered into contiguous keys and values
 first (one ``index_select``: about 0.3 ms at 32,000 tokens, against 15 ms of attention).
 
-Used for steps whose every sequence has a chunk of at least ``LONG_CHUNK_TOKENS`` (one Python call per sequence);
-mixed steps with short chunks or decodes stay on the unified kernel. On the CPU the same split runs through
-torch's flash kernel for the CPU, which is what the tests check the merge with.
+Each sequence of a step with a chunk of at least ``LONG_CHUNK_TOKENS`` takes this path (one Python call per such
+sequence); the step's other sequences (short chunks, decodes) stay on the unified kernel, which skips the long ones.
+Never inside a CUDA-graph capture: the loop and its slices are decided on the host. On the CPU the same split runs
+through torch's flash kernel for the CPU, which is what the tests check the merge with.
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ def _cudnn_attention_enabled() -> bool:
     return torch.backends.cudnn.is_available() and torch.backends.cuda.cudnn_sdp_enabled()
 
 
-def long_prefill_applies(query: torch.Tensor, metadata: AttentionMetadata) -> bool:
-    """Whether this step's attention takes the library path: a CUDA half-precision step in which every sequence
-    has at least ``LONG_CHUNK_TOKENS`` new tokens (cuDNN's kernel takes head sizes up to 128 here)."""
+def long_chunk_seqs(query: torch.Tensor, metadata: AttentionMetadata) -> list[int]:
+    """The step's sequences that take the library path: on a CUDA half-precision step (cuDNN's kernel takes head
+    sizes up to 128 here), outside graph capture, those with at least ``LONG_CHUNK_TOKENS`` new tokens."""
     if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] > 128:
-        return False
+        return []
     if metadata.max_query_len < LONG_CHUNK_TOKENS or not _cudnn_attention_enabled():
-        return False
+        return []
+    if torch.cuda.is_current_stream_capturing():
+        return []
     starts = metadata.query_start_loc_cpu
-    return all(starts[i + 1] - starts[i] >= LONG_CHUNK_TOKENS for i in range(metadata.num_seqs))
+    return [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] >= LONG_CHUNK_TOKENS]
 
 
 def _attention_with_lse(
@@ -61,16 +64,18 @@ def long_prefill_attention(
     kv_cache: torch.Tensor,
     output: torch.Tensor,
     metadata: AttentionMetadata,
+    seqs: list[int],
     scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's chunk over its pages (the cache already holds the chunk's keys and
-    values), written into ``output`` [num_tokens, heads, D]; an FP8 cache is dequantized while gathering."""
+    """Causal attention of sequences ``seqs``' chunks over their pages (the cache already holds the chunks' keys and
+    values), written into their rows of ``output`` [num_tokens, heads, D]; an FP8 cache is dequantized while
+    gathering."""
     block_size = kv_cache.shape[2]
     starts = metadata.query_start_loc_cpu
-    for i, seq_len in enumerate(metadata.seq_lens_cpu[: metadata.num_seqs]):
-        q_start, q_end = starts[i], starts[i + 1]
+    for i in seqs:
+        seq_len, q_start, q_end = metadata.seq_lens_cpu[i], starts[i], starts[i + 1]
         context = seq_len - (q_end - q_start)
         blocks = metadata.block_tables[i, : -(-seq_len // block_size)].long()
         pages = gather_pages(kv_cache, blocks).flatten(1, 2)[:, :seq_len]  # [2, seq_len, kv heads, D]

@@ -6,7 +6,7 @@ import torch
 
 from brisk.layers.attention import triton_kernels as tk
 from brisk.layers.attention.backend import AttentionImpl, AttentionMetadata
-from brisk.layers.attention.long_prefill import long_prefill_applies, long_prefill_attention
+from brisk.layers.attention.long_prefill import long_chunk_seqs, long_prefill_attention
 from brisk.layers.rotary import RotaryEmbedding
 
 
@@ -17,8 +17,9 @@ class TritonAttentionImpl(AttentionImpl):
     Decode-only steps (``metadata.max_query_len == 1``) take the split-KV decode kernel, which also rotates and
     stores the step's keys: one launch per layer, reading only host-side metadata (``num_seqs``,
     ``max_seq_len``) and shapes, so it can be captured in a CUDA graph. Every other step (prefill chunks with
-    cached prefixes, mixed prefill + decode, speculative 1 + k) writes the cache, then takes the unified kernel,
-    except steps of long chunks only, which take cuDNN's fused attention (``long_prefill.py``).
+    cached prefixes, mixed prefill + decode, speculative 1 + k) writes the cache, then takes the unified kernel;
+    chunks of at least 2,048 tokens take cuDNN's fused attention instead (``long_prefill.py``), the unified kernel
+    skipping their sequences.
     """
 
     def forward(
@@ -45,8 +46,16 @@ class TritonAttentionImpl(AttentionImpl):
             tk.rope_and_write_kv_cache(
                 positions, query, key, value, cos, sin, kv_cache, metadata.slot_mapping, k_scale, v_scale
             )
-        if long_prefill_applies(query, metadata):
-            return long_prefill_attention(query, kv_cache, output, metadata, self.scale, k_scale, v_scale)
+        skip = None
+        long = long_chunk_seqs(query, metadata)
+        if long:
+            long_prefill_attention(query, kv_cache, output, metadata, long, self.scale, k_scale, v_scale)
+            if len(long) == metadata.num_seqs:
+                return output
+            flags = [0] * metadata.num_seqs
+            for i in long:
+                flags[i] = 1
+            skip = torch.tensor(flags, dtype=torch.int32).to(query.device, non_blocking=True)
         return tk.unified_attention(
             query,
             kv_cache,
@@ -59,4 +68,5 @@ class TritonAttentionImpl(AttentionImpl):
             metadata.max_query_len,
             k_scale=k_scale,
             v_scale=v_scale,
+            skip_seqs=skip,
         )

@@ -256,6 +256,7 @@ def _unified_attention_kernel(
     block_tables_ptr,
     seq_lens_ptr,
     query_start_loc_ptr,
+    skip_ptr,
     scale_log2,
     v_scale,
     num_seqs,
@@ -275,12 +276,16 @@ def _unified_attention_kernel(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_SKIP: tl.constexpr,
 ):
     # Highest query blocks first: under the causal mask they have the most keys, so the long programs start
     # early and the short ones fill the tail.
     q_block_global = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     seq_idx = _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q)
+    if HAS_SKIP:  # noqa: SIM102 (a constexpr: the check compiles away without it). Long chunks: long_prefill.py
+        if tl.load(skip_ptr + seq_idx) != 0:
+            return
     q_start = tl.load(query_start_loc_ptr + seq_idx)
     query_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
     q_block = q_block_global - (q_start // BLOCK_Q + seq_idx)
@@ -713,9 +718,11 @@ def unified_attention(
     num_stages: int | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    skip_seqs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV; an
-    FP8 cache's entries times ``k_scale`` / ``v_scale``).
+    FP8 cache's entries times ``k_scale`` / ``v_scale``). Sequences flagged nonzero in ``skip_seqs`` ([num_seqs]
+    int32, on the device) are left out: their output rows are not written.
 
     ``query``/``output``: [num_tokens, num_heads, head_size] (last dim contiguous; other strides free).
     ``block_m`` (rows per program, a power of two >= 16 and >= the GQA group) and ``tile_n`` (keys per
@@ -740,12 +747,12 @@ def unified_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, output, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E * k_scale, v_scale, num_seqs,
+        skip_seqs if skip_seqs is not None else seq_lens, scale * LOG2E * k_scale, v_scale, num_seqs,
         query.stride(0), query.stride(1), output.stride(0), output.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, DOT_PRECISION=_dot_precision(query.dtype),
-        num_warps=warps, num_stages=stages,
+        HAS_SKIP=skip_seqs is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return output
 
