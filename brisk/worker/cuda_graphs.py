@@ -43,8 +43,11 @@ MAX_VERIFY_GRAPH_SEQS = 64
 PREFILL_GRAPH_QUERY_LENS = (16, 32, 64, 128, 256, 512, 1024)
 
 
-# Packed (mixed-step) graphs are captured at these token counts; above them a step is compute-bound.
-MIXED_GRAPH_TOKENS = (64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# Packed (mixed-step) graphs are captured at these token counts; above them a step is compute-bound. Steps of
+# 1,025 to 1,088 tokens (a 1,024-token prompt beside up to 64 decodes, as in W5) are common: padded to 1,536 they
+# did up to 48% more GEMM work, the likely cause of W5 c=16's worse ITL p99 with the first ladder (27 -> 36 ms on an
+# H200), hence 1,152 and 1,280 (not yet measured).
+MIXED_GRAPH_TOKENS = (64, 128, 192, 256, 384, 512, 768, 1024, 1152, 1280, 1536, 1792, 2048)
 
 
 def _lengths_within(candidates: tuple[int, ...], max_num_batched_tokens: int, max_tokens: int, max_model_len: int):
