@@ -52,10 +52,9 @@ class TritonAttentionImpl(AttentionImpl):
             long_prefill_attention(query, kv_cache, output, metadata, long, self.scale, k_scale, v_scale)
             if len(long) == metadata.num_seqs:
                 return output
-            flags = [0] * metadata.num_seqs
-            for i in long:
-                flags[i] = 1
-            skip = torch.tensor(flags, dtype=torch.int32).to(query.device, non_blocking=True)
+            skip = torch.zeros(metadata.num_seqs, dtype=torch.int32)
+            skip[long] = 1
+            skip = skip.to(query.device)
         return tk.unified_attention(
             query,
             kv_cache,
