@@ -69,13 +69,20 @@ stage_spec() {
         --json "$OUT/spec_ngram_rewrite_bs1.json" 2>&1 | grep -E '"(decode_tok_s|speedup|mean_acceptance_length|same_tokens_as_plain)"'
     for bs in 1 8 32 128; do
         python3 benchmarks/spec_decode.py --model "$model" --batch-size "$bs" \
-            --spec '{"method": "ngram", "num_speculative_tokens": 4}' --json "$OUT/spec_ngram_all_bs$bs.json" 2>&1 |
+            --spec '{"method": "ngram", "num_speculative_tokens": 4}' \
+            --spec '{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": null}' \
+            --json "$OUT/spec_ngram_all_bs$bs.json" 2>&1 |
             grep -E '"(output_tok_s|output_speedup|mean_acceptance_length|same_tokens_as_plain)"'
     done
 }
 PAIR_TARGET=${BRISK_SPEC_TARGET:-/tmp/brisk-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 PAIR_DRAFT=${BRISK_SPEC_DRAFT:-/tmp/brisk-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
-draft_spec() { echo "{\"method\": \"draft_model\", \"model\": \"$PAIR_DRAFT\", \"num_speculative_tokens\": $1}"; }
+# draft_spec K [DISABLE]: the pair's draft config; DISABLE sets disable_by_batch_size (null: at every batch size)
+draft_spec() {
+    local extra=""
+    [ -n "${2:-}" ] && extra=", \"disable_by_batch_size\": $2"
+    echo "{\"method\": \"draft_model\", \"model\": \"$PAIR_DRAFT\", \"num_speculative_tokens\": $1$extra}"
+}
 stage_pair() {
     local k specs=() ngram=()
     for k in 2 4 6; do
@@ -95,7 +102,9 @@ stage_stepcost() {
 stage_pairbatch() {
     python3 benchmarks/spec_decode.py --model "$PAIR_TARGET" --batch-size 8 32 128 --max-tokens 128 \
         --engine '{"max_num_seqs": 128}' --spec '{"method": "ngram", "num_speculative_tokens": 4}' \
-        --spec "$(draft_spec 4)" --json "$OUT/spec_pair_batch.json" 2>&1 | grep -E '^\{"spec"'
+        --spec '{"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": null}' \
+        --spec "$(draft_spec 4)" --spec "$(draft_spec 4 null)" --json "$OUT/spec_pair_batch.json" 2>&1 |
+        grep -E '^\{"spec"'
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 for stage in "$@"; do

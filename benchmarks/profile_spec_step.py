@@ -88,8 +88,18 @@ def main() -> None:
     phases.wrap(StepGraphs, "replay", lambda g: f"replay {phases.labels.get(id(g), '?')}")
     configs = {
         "plain": None,
-        "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": args.k},
-        "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1},
+        "draft_model": {
+            "method": "draft_model",
+            "model": draft,
+            "num_speculative_tokens": args.k,
+            "disable_by_batch_size": None,
+        },
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": args.k,
+            "prompt_lookup_min": 1,
+            "disable_by_batch_size": None,
+        },
     }
     report = {}
     for name, spec in configs.items():

@@ -62,8 +62,14 @@ def main() -> None:
     rng = random.Random(0)
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     prompts = [[rng.randrange(vocab) for _ in range(PROMPT_LEN)] for _ in range(8)]
-    configs = [None] + [{"method": "draft_model", "model": draft, "num_speculative_tokens": k} for k in args.k]
-    configs += [{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1} for k in args.k]
+    configs = [None] + [
+        {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "disable_by_batch_size": None}
+        for k in args.k
+    ]
+    configs += [
+        {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "disable_by_batch_size": None}
+        for k in args.k
+    ]
     engine = {"load_format": "dummy", "max_model_len": 4096, "max_num_seqs": max(args.batch_size)}
     plain: dict[int, float] = {}
     results = []

@@ -221,6 +221,14 @@ class LLMEngine:
         self.drafter = None  # a draft model (one rank only: the workers of several ranks run none yet)
         if config is None:
             return None
+        logger.info(
+            "speculative decoding: %s, %d tokens a step, %s",
+            config.method if config.model is None else f"{config.method} {config.model}",
+            config.num_speculative_tokens,
+            "at every batch size"
+            if config.disable_by_batch_size is None
+            else f"while fewer than {config.disable_by_batch_size} requests run (disable_by_batch_size)",
+        )
         if config.method == "ngram":
             return NgramProposer(config)
         from brisk.spec_decode.draft_model import DraftModelProposer

@@ -14,6 +14,13 @@ _FIELDS = (
     "disable_by_batch_size",
 )
 
+# Running requests from which nothing is proposed when the config leaves ``disable_by_batch_size`` out. On an
+# H200 (docs/benchmarks.md, thirteenth and fourteenth runs) speculation paid only at batch 1, and only where the
+# output copies the prompt (n-gram on editing prompts: 1.04-1.09x); at batch 8 n-gram ran at 0.58x of plain
+# decoding and a step verifying a draft model's 4 tokens cost 4.5x a plain step, more than its at most 5 tokens
+# repay at the acceptance measured on real weights. An explicit ``None`` (JSON null) proposes at every size.
+DEFAULT_DISABLE_BY_BATCH_SIZE = 2
+
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
@@ -22,14 +29,15 @@ class SpeculativeConfig:
     ``ngram`` (prompt lookup) looks for the last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens earlier in
     the sequence and proposes what followed them; ``draft_model`` runs ``model`` (anything ``LLM(model=...)``
     accepts, with the target's vocabulary). With ``disable_by_batch_size`` running requests or more nothing is
-    proposed: a large batch already keeps the device busy, and verifying drafts would only add work."""
+    proposed: a large batch already keeps the device busy, and verifying drafts would only add work. It defaults
+    to :data:`DEFAULT_DISABLE_BY_BATCH_SIZE`; None proposes at every batch size (vLLM's default)."""
 
     method: str
     num_speculative_tokens: int
     model: str | None = None
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
-    disable_by_batch_size: int | None = None
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     @classmethod
     def from_dict(cls, config: dict) -> SpeculativeConfig:
@@ -58,7 +66,7 @@ class SpeculativeConfig:
         _require_int(high, "prompt_lookup_max", minimum=1)
         if low > high:
             raise ValueError(f"speculative_config: prompt_lookup_min={low} exceeds prompt_lookup_max={high}.")
-        disable = config.get("disable_by_batch_size")
+        disable = config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
         if disable is not None:
             _require_int(disable, "disable_by_batch_size", minimum=1)
         return cls(method, k, model, low, high, disable)

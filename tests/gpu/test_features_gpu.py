@@ -58,16 +58,18 @@ def test_speculative_decoding_keeps_greedy_tokens(tiny, plain_fp32, method, tmp_
     else:
         spec = {"method": "draft_model", "model": truncated_copy(tiny, tmp_path / "draft", 1),
                 "num_speculative_tokens": 3}  # fmt: skip
-    llm = make(tiny, dtype="float32", speculative_config=spec)
+    llm = make(tiny, dtype="float32", speculative_config={**spec, "disable_by_batch_size": None})
     runner = llm.engine.model_runner
     graph_sets = {"verification": runner.verify_graphs}
     if method == "draft_model":
         graph_sets.update(draft=runner.drafter.graphs, mirror=runner.drafter.mirror_graphs)
     replays = {name: 0 for name in graph_sets}
     for name, graphs in graph_sets.items():  # count the replays of each set (they still run)
+
         def counted(size, graphs=graphs, name=name, replay=graphs.replay):
             replays[name] += 1
             return replay(size)
+
         graphs.replay = counted
     assert tokens(llm) == plain_fp32
     stats = llm.engine.get_stats()

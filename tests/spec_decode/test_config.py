@@ -14,7 +14,10 @@ NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
 
 def test_defaults_and_vllm_window_rule():
     config = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4})
-    assert (config.prompt_lookup_min, config.prompt_lookup_max, config.disable_by_batch_size) == (2, 5, None)
+    assert (config.prompt_lookup_min, config.prompt_lookup_max, config.disable_by_batch_size) == (2, 5, 2)
+    assert config.is_active(1) and not config.is_active(2)  # the measured default: batch 1 only
+    always = {"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": None}
+    assert SpeculativeConfig.from_dict(always).is_active(256)  # null: vLLM's default, every batch size
     only_max = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
     assert (only_max.prompt_lookup_min, only_max.prompt_lookup_max) == (3, 3)
     limited = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 4})
@@ -79,7 +82,8 @@ def test_bench_latency_reports_speculation(tmp_path):
     out = tmp_path / "result.json"
     argv = ["bench", "latency", "--model", model, "--load-format", "dummy", "--device", "cpu"]
     argv += ["--kv-cache-memory-bytes", "16MiB", "--num-iters", "1", "--input-len", "32", "--output-len", "16"]
-    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1}
+    # At every batch size: the warm-up's batch of 4 is where this random model's drafts come from.
+    config = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "disable_by_batch_size": None}
     assert main([*argv, "--speculative-config", json.dumps(config), "--output-json", str(out)]) == 0
     spec = json.loads(out.read_text())["results"]["brisk"]["engine"]["spec_decode"]
     assert spec["num_draft_tokens"] >= spec["num_accepted_tokens"] >= 0 and spec["num_drafts"] > 0

@@ -55,7 +55,7 @@ def baseline(tiny_llama):
 )
 def test_same_greedy_tokens(tiny_llama, draft, baseline, engine_kwargs):
     prompts, expected = baseline
-    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config, **engine_kwargs)
     if engine_kwargs.get("enable_prefix_caching"):
         llm.generate(prompts[:1], GREEDY, use_tqdm=False)
@@ -89,7 +89,7 @@ def test_the_target_as_its_own_draft_accepts_everything(tiny_llama, baseline):
     draft identical to the target proposes the target's own greedy tokens, and every one is accepted. Without the
     mirroring pass 1 of 234 drafts was accepted."""
     prompts, expected = baseline
-    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config, max_num_batched_tokens=64)
     llm.generate(prompts[:1], GREEDY, use_tqdm=False)
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
@@ -102,7 +102,7 @@ def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
     """Sampled requests draw drafts from the draft's own distribution (q goes to the rejection sampler): with the
     target as its own draft p == q, so every draft is accepted; seeds make the run reproducible."""
     prompts, _ = baseline
-    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config)
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True)
     first = llm.generate(prompts[:2], params, use_tqdm=False)

@@ -7,7 +7,14 @@ import pytest
 from brisk import LLM, SamplingParams
 from tests.engine.test_equivalence import prompts_with_shared_prefix, token_ids
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# Speculation at every batch size (the default stops at 2 running requests, DEFAULT_DISABLE_BY_BATCH_SIZE).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+    "disable_by_batch_size": None,
+}
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
@@ -54,15 +61,20 @@ def test_same_greedy_tokens(tiny_llama, baseline, engine_kwargs):
 
 
 def test_n_3_and_load_aware_switching(tiny_llama, baseline):
-    """With ``disable_by_batch_size`` 2 and async scheduling, steps switch between pipelined plain decoding (three
-    completions running) and speculation (one left)."""
+    """With the default ``disable_by_batch_size`` (2, none given) and async scheduling, steps switch between
+    pipelined plain decoding (seven completions running, then three) and speculation (the last one alone)."""
     prompts, expected = baseline
-    config = {**NGRAM, "disable_by_batch_size": 2}
+    config = {key: value for key, value in NGRAM.items() if key != "disable_by_batch_size"}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config, async_scheduling=True)
-    params = [SamplingParams(n=3, temperature=0, max_tokens=8 + 8 * i, ignore_eos=True) for i in range(3)]
+    engine, decisions = llm.engine, []  # (running requests, whether the step gets drafts)
+    speculating = engine._speculating
+    engine._speculating = lambda: decisions.append((len(engine.scheduler.running), speculating())) or decisions[-1][1]
+    params = [SamplingParams(n=n, temperature=0, max_tokens=m, ignore_eos=True) for n, m in ((3, 8), (3, 12), (1, 24))]
     outputs = llm.generate(prompts[:1] * 3, params, use_tqdm=False)
     for output, p in zip(outputs, params):
-        assert [c.token_ids for c in output.outputs] == [expected[0][: p.max_tokens]] * 3
+        assert [c.token_ids for c in output.outputs] == [expected[0][: p.max_tokens]] * p.n
+    assert not any(drafts for running, drafts in decisions if running >= 2)
+    assert any(drafts for running, drafts in decisions if running == 1)
 
 
 def test_stops_logprobs_and_min_tokens_match(tiny_llama, baseline):

@@ -125,7 +125,7 @@ def test_engine_kv_state_equals_the_plain_run(tiny_llama, tmp_path, num_layers):
 
     draft = tiny_llama if num_layers == 2 else truncated_copy(tiny_llama, tmp_path / "draft", num_layers)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     runs = []
     for spec in (None, config):
         llm = LLM(tiny_llama, device="cpu", block_size=8, max_model_len=256, speculative_config=spec)

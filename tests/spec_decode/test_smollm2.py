@@ -9,7 +9,13 @@ from brisk import LLM, SamplingParams
 from brisk.loader.resolve import DEFAULT_MODEL, resolve_model
 from tests.spec_decode.test_draft_model import truncated_copy
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "prompt_lookup_min": 2,
+    "prompt_lookup_max": 4,
+    "disable_by_batch_size": None,
+}  # at every batch size
 FUNCTION = (
     "def scale(values, factor):\n    result = []\n    for value in values:\n"
     "        result.append(value * factor)\n    return result\n\n"
@@ -38,9 +44,8 @@ def test_greedy_tokens_match_and_repeats_are_accepted(plain_outputs):
 def test_truncated_draft_gives_the_same_tokens(plain_outputs, tmp_path):
     # The first 20 of 30 layers (a cut to 8 accepted almost nothing).
     draft = truncated_copy(str(resolve_model(DEFAULT_MODEL, torch.float32)), tmp_path / "draft", 20)
-    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(DEFAULT_MODEL, device="cpu", max_model_len=512, speculative_config=config)
     outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in plain_outputs]
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
-

@@ -13,7 +13,13 @@ from brisk.worker.cuda_graphs import mixed_graph_tokens, prefill_query_lens
 from tests.engine.test_equivalence import prompts_with_shared_prefix
 
 K = 3
-NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": K,
+    "prompt_lookup_min": 1,
+    "prompt_lookup_max": 3,
+    "disable_by_batch_size": None,
+}  # at every batch size
 
 
 def _forward(runner, out, stride, padded, packed_tokens=0):

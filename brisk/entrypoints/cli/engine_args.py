@@ -94,7 +94,7 @@ def add_speculative_arguments(group) -> None:
         type=positive_int,
         default=None,
         help="Propose no drafts while this many requests or more are running (sets the speculative "
-        "config's disable_by_batch_size).",
+        "config's disable_by_batch_size; default 2, measured: docs/speculative-decoding.md).",
     )
 
 
