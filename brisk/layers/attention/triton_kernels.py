@@ -575,9 +575,10 @@ def _decode_attention_kernel(
 # Launchers
 # ------------------------------------------------------------------------------------------------------------
 
-# Decode heuristics: enough programs to cover the SMs this many times over, no split shorter than this many
-# keys, and at most this many splits. Measured on the H200 (benchmarks/tune_decode_attention.py, 8B shape):
-# splitting only pays when the batch leaves SMs idle, e.g. 64 sequences x 1,800 keys run 12% faster unsplit.
+# Decode heuristics: program slots per SM that a split launch fills once (see decode_num_splits), no split
+# shorter than this many keys, and at most this many splits. Measured on the H200 (8B shape,
+# benchmarks/tune_decode_attention.py): splitting only pays when the batch leaves SMs idle, e.g. 64 sequences x
+# 1,800 keys run 12% faster unsplit.
 DECODE_PROGRAMS_PER_SM = 2
 DECODE_MIN_PARTITION = 128
 DECODE_MAX_SPLITS = 128
@@ -758,9 +759,12 @@ def unified_attention(
 
 
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """How many partitions a decode batch's contexts are cut into (host-only inputs, so graph-safe)."""
+    """How many partitions a decode batch's contexts are cut into (host-only inputs, so graph-safe): as many as
+    fill the device's program slots once, and never more. One split past that starts a second wave of a few
+    programs that runs after the first on a few SMs: at batch 8 with 8 KV heads the old rounding up (5 splits,
+    320 programs for 264 slots of an H200) left most of the GPU idle for the last programs."""
     base = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * num_sms(device), base)
+    wanted = DECODE_PROGRAMS_PER_SM * num_sms(device) // base
     useful = triton.cdiv(max(1, max_seq_len), DECODE_MIN_PARTITION)
     return max(1, min(wanted, useful, DECODE_MAX_SPLITS))
 
