@@ -29,7 +29,6 @@ from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timeline import StepTimeline
-from brisk.engine.step_timer import StepTimer
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.executor import create_executor
 from brisk.layers.attention import ATTENTION_BACKENDS, FP8_KV_BACKENDS, default_backend
@@ -38,6 +37,7 @@ from brisk.layers.quantization.kv_cache import resolve_kv_cache_dtype
 from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from brisk.sampling_params import SamplingParams
 from brisk.spec_decode.ngram_proposer import NgramProposer
+from brisk.step_timer import StepTimer
 from brisk.worker.model_runner import LaunchedStep, ModelRunnerOutput
 
 logger = logging.getLogger(__name__)

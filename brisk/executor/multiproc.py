@@ -27,10 +27,10 @@ import torch
 
 from brisk.config import ModelConfig
 from brisk.engine.scheduler import SchedulerOutput
-from brisk.engine.step_timer import StepTimer
 from brisk.executor.nodes import DEFAULT_MASTER_PORT, accept_remote_workers, local_ranks
 from brisk.executor.step_sync import StepEncoder
 from brisk.executor.worker_process import WorkerSpec, worker_main
+from brisk.step_timer import StepTimer
 from brisk.worker.model_runner import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)

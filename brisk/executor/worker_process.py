@@ -28,9 +28,9 @@ from brisk.distributed.parallel_state import (
     is_last_stage,
     stage_layers,
 )
-from brisk.engine.step_timer import StepTimer
 from brisk.executor.nodes import connect_to_driver
 from brisk.executor.step_sync import RequestMirror
+from brisk.step_timer import StepTimer
 from brisk.worker.model_runner import LaunchedStep, ModelRunner
 
 

@@ -17,12 +17,12 @@ from brisk.config import ModelConfig
 from brisk.device_transfer import to_device_async
 from brisk.distributed.parallel_state import is_last_stage
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
-from brisk.engine.step_timer import StepTimer
 from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
 from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
+from brisk.step_timer import StepTimer
 from brisk.worker.cuda_graphs import (
     PackedStepGraphs,
     StepGraphs,
