@@ -50,3 +50,16 @@ def test_off_by_default(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.delenv("BRISK_STEP_TIMELINE", raising=False)
     llm = LLM(tiny_llama, device="cpu")
     assert not llm.engine.step_timeline.enabled
+
+
+def test_step_timing_counts_every_step_by_phase(tiny_llama, monkeypatch, capsys):
+    """BRISK_STEP_TIMING=1: every engine step is counted, and each phase the engine, the model runner and the
+    sampler mark gets its share; LLM.generate prints the summary."""
+    monkeypatch.setenv("BRISK_STEP_TIMING", "1")
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    llm.generate(PROMPTS, params, use_tqdm=False)
+    timer = llm.engine.step_timer
+    assert timer.steps == MAX_TOKENS  # the three prompts fit one step, then one decode step per token
+    assert all(timer.totals[phase] > 0 for phase in timer.PHASES)
+    assert f"brisk step timing: {timer.steps} steps, per step: schedule" in capsys.readouterr().err
