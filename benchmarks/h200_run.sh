@@ -8,7 +8,8 @@
 # Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
 # BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
 # C with N prompts, or "C:N:PREFIX:INPUT" for W6's shared prefix; default the W5 points "1:16 16:160 64:384 256:768"
-# and W6 "64:256:2000:100"; ratios to vLLM where serve_anchor.sh left its files in $OUT), BRISK_SERVE_INPUT_LEN (1024),
+# and W6 "64:256:2000:100"; ratios to vLLM where serve_anchor.sh left its files in $OUT; each point's step timeline
+# in $OUT/brisk_steps_<point>.jsonl, for benchmarks/step_timeline.py), BRISK_SERVE_INPUT_LEN (1024),
 # BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (a folder with SmolLM2's tokenizer; default .scratch/smollm2-tokenizer),
 # BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
 # BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
@@ -55,8 +56,12 @@ serve_stage() {
     python3 -m brisk.entrypoints.cli.main bench write-config "${BRISK_SERVE_SHAPE:-llama-3.1-8b-shape-smollm2-vocab}" \
         "$model" --tokenizer "$tok" "${vocab[@]}" >/dev/null || { echo "serve stage skipped: write-config failed"; return 0; }
     local t0=$SECONDS server_args=${BRISK_SERVE_ARGS---dtype bfloat16 --gpu-memory-utilization 0.9}
+    # A step timeline per point (BRISK_STEP_TIMELINE; the engine appends, so emptying the file starts the next).
+    local timeline="$OUT/brisk_steps.jsonl"
+    : >"$timeline"
     # shellcheck disable=SC2086  # server_args is a list of flags
-    python3 -m brisk.entrypoints.cli.main serve "$model" --load-format dummy --max-model-len 4096 --seed 0 \
+    BRISK_STEP_TIMELINE=$timeline python3 -m brisk.entrypoints.cli.main serve "$model" --load-format dummy \
+        --max-model-len 4096 --seed 0 \
         --host 127.0.0.1 --port "$port" --served-model-name llama8b --disable-uvicorn-access-log \
         $server_args >"$OUT/brisk_serve.log" 2>&1 &
     local pid=$!
@@ -77,9 +82,12 @@ serve_stage() {
                 echo "brisk serve exited before $label; its log ends:"; tail -30 "$OUT/brisk_serve.log"; break
             fi
             rm -f "$OUT/brisk_$name.json"
+            : >"$timeline"
             "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "$label" \
                 ${prefix:+--random-prefix-len "$prefix" --random-input-len "$input"} \
                 --output-json "$OUT/brisk_$name.json" >"$OUT/brisk_$name.log" 2>&1
+            cp "$timeline" "$OUT/brisk_steps_$name.jsonl"
+            python3 benchmarks/step_timeline.py "$OUT/brisk_steps_$name.jsonl" 2>&1 | head -1 | sed "s/^/  $label steps: /"
             if [ -f "$OUT/brisk_$name.json" ]; then
                 python3 - "$OUT/brisk_$name.json" "$OUT/$peer.json" <<'PY'
 import json, os, sys
