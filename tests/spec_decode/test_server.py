@@ -10,14 +10,8 @@ import pytest
 from brisk import LLM, SamplingParams
 from tests.engine.test_equivalence import prompts_with_shared_prefix
 from tests.server.conftest import ServerProcess
+from tests.spec_decode.test_greedy_equivalence import NGRAM  # at every batch size
 
-NGRAM = {
-    "method": "ngram",
-    "num_speculative_tokens": 3,
-    "prompt_lookup_min": 1,
-    "prompt_lookup_max": 3,
-    "disable_by_batch_size": None,
-}  # at every batch size
 MAX_TOKENS = 24
 
 
