@@ -45,8 +45,9 @@ PREFILL_GRAPH_QUERY_LENS = (16, 32, 64, 128, 256, 512, 1024)
 
 # Packed (mixed-step) graphs are captured at these token counts; above them a step is compute-bound. Steps of
 # 1,025 to 1,088 tokens (a 1,024-token prompt beside up to 64 decodes, as in W5) are common: padded to 1,536 they
-# did up to 48% more GEMM work, hence 1,152 and 1,280. With them W5 c=16's ITL p99 is still 28.9 ms on an H200
-# against 16.9 ms without packed graphs (docs/benchmarks.md, seventeenth run; the cause is not yet known).
+# did up to 48% more GEMM work, hence 1,152 and 1,280. (W5 c=16's ITL p99 moved from 16.9 to 28.9 ms on an H200
+# with them, but its mean only 2.6% from vLLM's: that p99 sits on the edge of the ~1% of gaps that wait for a
+# prefill step; docs/benchmarks.md, seventeenth run.)
 MIXED_GRAPH_TOKENS = (64, 128, 192, 256, 384, 512, 768, 1024, 1152, 1280, 1536, 1792, 2048)
 
 
