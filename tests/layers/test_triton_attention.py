@@ -13,7 +13,7 @@ from brisk.layers.attention import triton_kernels as tk  # noqa: E402
 from brisk.layers.attention.backend import AttentionMetadata, write_kv_cache  # noqa: E402
 from brisk.layers.attention.long_prefill import long_chunk_seqs, long_prefill_attention  # noqa: E402
 from brisk.layers.attention.torch_ref import TorchAttentionImpl  # noqa: E402
-from brisk.layers.attention.triton_backend import TritonAttentionImpl  # noqa: E402
+from brisk.layers.attention.triton_backend import TritonAttentionImpl, _mixes_short_and_long  # noqa: E402
 from brisk.layers.rotary import RotaryEmbedding  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -213,6 +213,38 @@ def test_unified_over_a_packed_graph_layout():
         torch.tensor(starts, dtype=torch.int32, device=DEVICE), head_size**-0.5, seqs, tokens,
     )  # fmt: skip
     assert_close(out[:real], ref)
+
+
+# Prompt chunks of more than short_query_len(4) = 15 tokens beside decodes and a 3-token extend.
+DECODES_BESIDE_PROMPTS = [(80, 40), (17, 1), (1, 1), (50, 20), (9, 3), (33, 1)]
+
+
+def test_decodes_beside_prompts_take_their_own_launch():
+    """A step that mixes decodes with prompt chunks: the long sequences take one launch (the prompts' tile), the
+    short ones another (a 16-row tile), each leaving the other's rows unwritten; the backend's two launches equal
+    the reference."""
+    num_heads, num_kv_heads, head_size, block_size = 8, 2, 32, 8
+    seqs = DECODES_BESIDE_PROMPTS
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, block_size, seed=6)
+    ref, ref_cache = reference(q, k, v, cache, md)
+    short = tk.short_query_len(num_heads // num_kv_heads)
+    is_short = torch.tensor([n for _, n in seqs]).repeat_interleave(torch.tensor([n for _, n in seqs])) <= short
+    assert is_short.any() and not is_short.all()
+
+    assert _mixes_short_and_long(md, short, on_cuda=False)  # the backend takes both launches
+    out = TritonAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(q, k, v, cache, md)
+    assert_close(out, ref)
+    torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=0, rtol=0)
+
+    step = (md.block_tables, md.seq_lens, md.query_start_loc, head_size**-0.5, md.num_seqs)
+    for seq_filter, rows, max_query_len in (
+        (tk.SEQS_LONG, ~is_short, md.max_query_len),
+        (tk.SEQS_SHORT, is_short, short),
+    ):
+        part = torch.full_like(q, float("nan"))
+        tk.unified_attention(q, cache, part, *step, max_query_len, seq_filter=seq_filter.value)
+        assert_close(part[rows], ref[rows])
+        assert part[~rows].isnan().all()
 
 
 def test_unified_handles_empty_query_and_strided_io():

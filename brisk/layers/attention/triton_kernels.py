@@ -215,6 +215,14 @@ def _attend_tile(
     return _attend_kv(q, acc, m_i, l_i, k, v, tile_start, kv_len, q_pos, scale_log2, TILE_N, MASKED, DOT_PRECISION)
 
 
+# Which sequences a unified launch attends (``seq_filter``): all of them, or only those longer (shorter) than
+# ``short_query_len``: a step that mixes decodes with prompt chunks takes one launch of each, so that each decode
+# gets a 16-row tile instead of the prompts' 128 rows (of which a decode fills only its GQA group's few).
+SEQS_ALL: tl.constexpr = tl.constexpr(0)
+SEQS_LONG: tl.constexpr = tl.constexpr(1)
+SEQS_SHORT: tl.constexpr = tl.constexpr(2)
+
+
 @triton.jit
 def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence owning global query block ``q_block_idx``.
@@ -277,6 +285,8 @@ def _unified_attention_kernel(
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_SKIP: tl.constexpr,
+    SEQ_FILTER: tl.constexpr,
+    SHORT_QUERY_LEN: tl.constexpr,
 ):
     # Highest query blocks first: under the causal mask they have the most keys, so the long programs start
     # early and the short ones fill the tail.
@@ -288,6 +298,12 @@ def _unified_attention_kernel(
             return
     q_start = tl.load(query_start_loc_ptr + seq_idx)
     query_len = tl.load(query_start_loc_ptr + seq_idx + 1) - q_start
+    if SEQ_FILTER == SEQS_LONG:  # noqa: SIM102 (constexpr first: the check compiles away in the other modes)
+        if query_len <= SHORT_QUERY_LEN:
+            return
+    if SEQ_FILTER == SEQS_SHORT:  # noqa: SIM102
+        if query_len > SHORT_QUERY_LEN:
+            return
     q_block = q_block_global - (q_start // BLOCK_Q + seq_idx)
     if q_block * BLOCK_Q >= query_len:
         return
@@ -688,6 +704,12 @@ def rope_and_write_kv_cache(
     )  # fmt: skip
 
 
+def short_query_len(queries_per_kv: int) -> int:
+    """The longest query a sequence may have to count as short: its rows (query tokens x GQA group) would take
+    the smallest tile of :func:`_unified_config` on their own."""
+    return max(1, 63 // queries_per_kv)
+
+
 def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, TILE_N, num_warps, num_stages) for the unified kernel. The 128-row tile is the H200's best for
     the 8B shape's long chunks (``benchmarks/tune_prefill_attention.py``: 413 TFLOP/s with 4 warps, 339 with 8);
@@ -720,10 +742,14 @@ def unified_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_seqs: torch.Tensor | None = None,
+    seq_filter: int = 0,
 ) -> torch.Tensor:
     """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV; an
     FP8 cache's entries times ``k_scale`` / ``v_scale``). Sequences flagged nonzero in ``skip_seqs`` ([num_seqs]
-    int32, on the device) are left out: their output rows are not written.
+    int32, on the device) are left out: their output rows are not written. ``seq_filter`` ``SEQS_LONG`` /
+    ``SEQS_SHORT`` leaves out the sequences whose query is at most / more than :func:`short_query_len` tokens
+    (read on the device, so a CUDA graph can hold both launches); ``max_query_len`` is then that of the
+    sequences attended, and it picks the tile.
 
     ``query``/``output``: [num_tokens, num_heads, head_size] (last dim contiguous; other strides free).
     ``block_m`` (rows per program, a power of two >= 16 and >= the GQA group) and ``tile_n`` (keys per
@@ -753,7 +779,8 @@ def unified_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         QUERIES_PER_KV=qpk, BLOCK_SIZE=block_size, HEAD_SIZE=head_size, HEAD_P2=head_p2,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, DOT_PRECISION=_dot_precision(query.dtype),
-        HAS_SKIP=skip_seqs is not None, num_warps=warps, num_stages=stages,
+        HAS_SKIP=skip_seqs is not None, SEQ_FILTER=seq_filter, SHORT_QUERY_LEN=short_query_len(qpk),
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return output
 
