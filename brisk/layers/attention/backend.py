@@ -14,6 +14,7 @@ everything before them (cached prefix blocks included).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,12 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    @functools.cached_property
+    def min_query_len(self) -> int:
+        """The shortest query of the step, from the host copy: computed once a step, then read by every layer."""
+        starts = self.query_start_loc_cpu
+        return min(end - start for start, end in zip(starts, starts[1:]))
 
 
 class AttentionImpl:

@@ -77,5 +77,4 @@ def _mixes_short_and_long(metadata: AttentionMetadata, short: int, on_cuda: bool
         return False
     if on_cuda and torch.cuda.is_current_stream_capturing():
         return True
-    starts = metadata.query_start_loc_cpu
-    return any(end - start <= short for start, end in zip(starts, starts[1:]))
+    return metadata.min_query_len <= short

@@ -704,10 +704,14 @@ def rope_and_write_kv_cache(
     )  # fmt: skip
 
 
+# Rows from which a sequence takes the unified kernel's 64-row tile rather than its smallest (16 rows).
+_MEDIUM_TILE_ROWS = 64
+
+
 def short_query_len(queries_per_kv: int) -> int:
     """The longest query a sequence may have to count as short: its rows (query tokens x GQA group) would take
     the smallest tile of :func:`_unified_config` on their own."""
-    return max(1, 63 // queries_per_kv)
+    return max(1, (_MEDIUM_TILE_ROWS - 1) // queries_per_kv)
 
 
 def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tuple[int, int, int, int]:
@@ -717,7 +721,7 @@ def _unified_config(head_p2: int, queries_per_kv: int, max_query_len: int) -> tu
     rows = max_query_len * queries_per_kv  # rows a sequence can fill
     if rows >= 128 and head_p2 <= 128:
         block_m, tile_n, warps, stages = 128, 64, 4, 3
-    elif rows >= 64:
+    elif rows >= _MEDIUM_TILE_ROWS:
         block_m, tile_n, warps, stages = (64, 64, 4, 3) if head_p2 <= 128 else (64, 32, 8, 3)
     else:
         block_m, tile_n, warps, stages = 16, 64 if head_p2 <= 128 else 32, 4, 2
@@ -742,7 +746,7 @@ def unified_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     skip_seqs: torch.Tensor | None = None,
-    seq_filter: int = 0,
+    seq_filter: int = SEQS_ALL.value,
 ) -> torch.Tensor:
     """Causal attention of packed query tokens over their sequences' pages (the cache holds this step's KV; an
     FP8 cache's entries times ``k_scale`` / ``v_scale``). Sequences flagged nonzero in ``skip_seqs`` ([num_seqs]
