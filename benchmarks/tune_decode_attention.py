@@ -2,7 +2,7 @@
 heads, 8 KV heads, head size 128, 16-token pages, bf16; with the rotary embedding and the cache write the kernel
 does in a model) and print each config's time and KV bandwidth.
 
-    python benchmarks/tune_decode_attention.py [--shapes 256x820,1x300]
+    python benchmarks/tune_decode_attention.py [--shapes 256x820,1x300] [--splits 5,4,2]
 
 Bandwidth counts the K and V bytes the batch must read once (batch x context x 8 heads x 128 x 2 x 2 bytes);
 the H200's measured copy ceiling is about 4.3 TB/s. The first line of each shape is the default heuristic.
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="256x820,64x1800,1x300,1x2000")
     parser.add_argument("--max-model-len", type=int, default=4096, help="The bound graphs are captured with.")
     parser.add_argument("--top", type=int, default=6)
+    parser.add_argument("--splits", default=None, help="only these split counts (e.g. 5,4,2) at the default launch")
     args = parser.parse_args()
     for shape in args.shapes.split(","):
         batch, context = (int(x) for x in shape.split("x"))
@@ -67,10 +68,15 @@ def main() -> None:
 
         default_splits = tk.decode_num_splits(batch, KV_HEADS, args.max_model_len, query.device)
         configs = [{}]
-        for splits, tile, warps, stages, part in itertools.product(
-            sorted({1, 2, 4, default_splits}), (32, 64, 128), (4, 8), (2, 3, 4), (128, 256, 512)
-        ):
-            configs.append(dict(num_splits=splits, tile_n=tile, num_warps=warps, num_stages=stages, min_partition=part))
+        if args.splits:  # a quick look at the split count alone: one compile per count, not the 216 of the sweep
+            configs += [dict(num_splits=int(n)) for n in args.splits.split(",")]
+        else:
+            for splits, tile, warps, stages, part in itertools.product(
+                sorted({1, 2, 4, default_splits}), (32, 64, 128), (4, 8), (2, 3, 4), (128, 256, 512)
+            ):
+                configs.append(
+                    dict(num_splits=splits, tile_n=tile, num_warps=warps, num_stages=stages, min_partition=part)
+                )
         results = []
         for kw in configs:
             try:
