@@ -23,6 +23,10 @@ def fused_ops_for(x: torch.Tensor) -> ModuleType | None:
     return _triton_module("triton_ops") if x.is_cuda else None
 
 
+# Rows up to which a projection on a GPU takes the few-row Triton GEMV instead of cuBLAS.
+GEMV_MAX_ROWS = 16
+
+
 def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
     """The ``triton_gemv`` module when ``x`` is a single row (a batch-1 decode step) on a CUDA device, else None.
 
@@ -34,9 +38,21 @@ def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
     return _triton_module("triton_gemv")
 
 
+def gemv_rows_ops_for(x: torch.Tensor) -> ModuleType | None:
+    """The ``triton_gemv_rows`` module when ``x`` has 2 to ``GEMV_MAX_ROWS`` rows on a CUDA device, else None:
+    small decode batches and speculative verification, where the projections are still weight reads and the
+    GEMV reads them faster than cuBLAS (``benchmarks/tune_gemv_rows.py``)."""
+    if not x.is_cuda or x.dim() != 2 or not 2 <= x.shape[0] <= GEMV_MAX_ROWS:
+        return None
+    return _triton_module("triton_gemv_rows")
+
+
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, as the Triton GEMV when ``gemv_ops_for(x)`` picks it."""
+    """``F.linear(x, weight, bias)``, as a Triton GEMV when ``gemv_ops_for`` or ``gemv_rows_ops_for`` picks one."""
     gemv = gemv_ops_for(x)
     if gemv is not None:
         return gemv.gemv(x, weight, bias)
+    gemv_rows = gemv_rows_ops_for(x)
+    if gemv_rows is not None:
+        return gemv_rows.gemv_rows(x, weight, bias)
     return F.linear(x, weight, bias)

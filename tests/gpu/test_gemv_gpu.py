@@ -1,5 +1,6 @@
-"""The decode GEMVs on a GPU in bf16 at Llama-3.1-8B projection shapes, against the unfused layers; and a chain of
-them replayed from a CUDA graph (where programmatic dependent launch overlaps neighbours) equal to eager runs."""
+"""The decode GEMVs (one row, and a few) on a GPU in bf16 at Llama-3.1-8B projection shapes, against the unfused
+layers; and a chain of them replayed from a CUDA graph (where programmatic dependent launch overlaps neighbours)
+equal to eager runs."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from brisk.layers import triton_gemv, triton_ops  # noqa: E402
+from brisk.layers import triton_gemv, triton_gemv_rows, triton_ops  # noqa: E402
 
 DEV, BF16, HIDDEN = "cuda", torch.bfloat16, 4096
 
@@ -84,3 +85,15 @@ def test_fused_chain_in_a_cuda_graph_equals_eager():
     error = _rel_err(eager, unfused())
     print(f"fused vs unfused, 8 layers: max difference {error:.2e} of the largest output")
     assert error < 5e-2  # bf16 roundings compound over the layers; a wrong kernel is off by the output's size
+
+
+@pytest.mark.parametrize("rows", [2, 5, 16])
+def test_8b_shaped_gemv_rows_close_to_cublas(rows):
+    torch.manual_seed(rows)
+    errors = {}
+    for n, k in ((6144, HIDDEN), (HIDDEN, HIDDEN), (2 * 14336, HIDDEN), (HIDDEN, 14336)):
+        x = torch.randn(rows, k, device=DEV, dtype=BF16)
+        w = 0.02 * torch.randn(n, k, device=DEV, dtype=BF16)
+        errors[f"{n}x{k}"] = _rel_err(triton_gemv_rows.gemv_rows(x, w, None), F.linear(x, w))
+    print(f"{rows} rows: max error relative to the largest output {errors}")
+    assert max(errors.values()) < 1e-2

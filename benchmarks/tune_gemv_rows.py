@@ -1,0 +1,109 @@
+"""Sweep the few-row GEMV (``brisk/layers/triton_gemv_rows.py``) on a GPU (not a test) for the Llama-3.1-8B
+projections in bf16 beside cuBLAS, and time a layer stack of projections (with the separate RMSNorm and SiLU
+kernels) through each at every row count: the row counts where the GEMV's stack is faster are the ones
+``brisk.layers.fused.GEMV_MAX_ROWS`` should cover.
+
+    python benchmarks/tune_gemv_rows.py [--rows 2,4,8,16,32] [--sweep-rows 4,16] [--layers 32] [--top 4]
+
+Timings as in ``tune_gemv.py``: CUDA graphs over distinct weight copies, so that no weight stays in L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from tune_gemv import HIDDEN, PROJECTIONS, graph_ms
+
+from brisk.layers import triton_gemv_rows, triton_ops
+from brisk.layers.triton_gemv_rows import GemvRowsConfig
+
+DEFAULT_CONFIG = triton_gemv_rows.gemv_rows_config
+SWEEP = [  # tiles whose pipelined loads fit in 160 KB of shared memory
+    GemvRowsConfig(block_n, block_k, warps, stages)
+    for block_n, block_k, warps, stages in itertools.product((32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5))
+    if (block_n + 16) * block_k * 2 * stages <= 160 * 1024 and (warps == 4 or block_n == 128)
+]
+LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+
+
+def use(config: GemvRowsConfig | None) -> None:
+    triton_gemv_rows.gemv_rows_config = DEFAULT_CONFIG if config is None else (lambda rows, n, k: config)
+
+
+def sweep_projection(name: str, rows: int, layers: int, top: int) -> None:
+    n, k = PROJECTIONS[name]
+    copies = max(2, min(layers, int(4e9 // (n * k * 2))))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
+
+    def us(linear: Callable) -> float:
+        return graph_ms(lambda: [linear(x, w, None) for w in weights]) / copies * 1e3
+
+    cublas = us(F.linear)
+    results = []
+    for config in [None, *SWEEP]:
+        use(config)
+        try:
+            results.append((us(triton_gemv_rows.gemv_rows), config))
+        except Exception as exc:  # a config the compiler rejects
+            print(f"  skip {config}: {type(exc).__name__}")
+    use(None)
+    tb_s = n * k * 2 / cublas / 1e6
+    print(f"{name} [{n} x {k}] x {copies}, {rows} rows: cuBLAS {cublas:7.1f} us/launch {tb_s:5.2f} TB/s")
+    for time_us, config in results[:1] + sorted(results[1:], key=lambda r: r[0])[:top]:
+        label = "default" if config is None else str(tuple(config))
+        print(f"  {label:22s} {time_us:7.1f} us/launch {n * k * 2 / time_us / 1e6:5.2f} TB/s "
+              f"({cublas / time_us:4.2f}x cuBLAS)")  # fmt: skip
+
+
+def layer_stack(rows: int, layers: int) -> None:
+    """The projections of ``layers`` decoder layers at ``rows`` rows with the separate norm and activation
+    kernels, through cuBLAS and through the GEMV."""
+    dev, bf16 = "cuda", torch.bfloat16
+    stack = [
+        {name: 0.02 * torch.randn(*PROJECTIONS[name], dtype=bf16, device=dev) for name in LAYER_PROJECTIONS}
+        for _ in range(layers)
+    ]
+    norm_w = torch.ones(HIDDEN, dtype=bf16, device=dev)
+    x0 = torch.randn(rows, HIDDEN, dtype=bf16, device=dev)
+    gbytes = sum(w.numel() * 2 for layer in stack for w in layer.values()) / 1e9
+
+    def run(linear: Callable) -> torch.Tensor:
+        hidden, residual = x0, None
+        for w in stack:
+            normed, residual = triton_ops.rms_norm(hidden, norm_w, 1e-5, residual) if residual is not None else (
+                triton_ops.rms_norm(hidden, norm_w, 1e-5), hidden)  # fmt: skip
+            attn = linear(normed, w["qkv_proj"], None)[:, :HIDDEN].contiguous()  # attention is not timed here
+            hidden = linear(attn, w["o_proj"], None)
+            normed, residual = triton_ops.rms_norm(hidden, norm_w, 1e-5, residual)
+            hidden = linear(triton_ops.silu_and_mul(linear(normed, w["gate_up_proj"], None)), w["down_proj"], None)
+        return hidden
+
+    base, ms = graph_ms(lambda: run(F.linear)), graph_ms(lambda: run(triton_gemv_rows.gemv_rows))
+    out, ref = run(triton_gemv_rows.gemv_rows).float(), run(F.linear).float()
+    error = ((out - ref).abs().max() / ref.abs().max()).item()
+    print(f"{layers} layers, {rows} rows, {gbytes:.2f} GB: cuBLAS {base:6.3f} ms {gbytes / base:5.2f} TB/s; "
+          f"GEMV {ms:6.3f} ms {gbytes / ms:5.2f} TB/s ({base / ms:4.2f}x); max difference {error:.2e} of the "
+          "largest")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="2,4,8,16,32", help="row counts of the layer stacks")
+    parser.add_argument("--sweep-rows", default="4,16", help="row counts of the config sweep (empty: none)")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--top", type=int, default=4)
+    args = parser.parse_args()
+    for rows in [int(r) for r in args.rows.split(",") if r]:
+        layer_stack(rows, args.layers)
+    for rows in [int(r) for r in args.sweep_rows.split(",") if r]:
+        for name in LAYER_PROJECTIONS:
+            sweep_projection(name, rows, args.layers, args.top)
+
+
+if __name__ == "__main__":
+    main()

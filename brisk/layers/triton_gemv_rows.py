@@ -1,0 +1,83 @@
+"""Triton GEMV for a few rows: the projections of small decode batches and of speculative verification.
+
+At 2 to ``GEMV_MAX_ROWS`` rows a projection is still a read of its weights: the rows reuse each weight tile from
+registers, so the time is the weight bytes over the bandwidth the kernel keeps up. cuBLAS picks tiles for
+matrices and reads the 8B shape's attention projections at 2.5 to 3.3 TB/s on the H200; this kernel reads them
+at 3.0 to 3.5 (``benchmarks/tune_gemv_rows.py``). The weight is the tensor core's left operand (``W_tile @
+x_tile^T``), so its rows fill the tile's 64 rows and the input rows only the narrow side, padded to 16; each
+program owns ``BLOCK_N`` outputs of every row and streams its weight rows through K in pipelined tiles.
+
+Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
+kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip
+(the fused stack of 32 layers took 6.8 ms against 4.2 with cuBLAS, on the same run).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, weight_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_BIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One program per ``BLOCK_N`` outputs of every row: ``out[:, n] = x @ W[n, :]^T``."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + offs_k
+        col_mask = cols < K
+        w = tl.load(weight_ptr + n[:, None].to(tl.int64) * weight_stride + cols[None, :],
+                    mask=n_mask[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
+                    other=0.0)  # fmt: skip
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    tl.store(out_ptr + rows[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
+
+
+class GemvRowsConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def gemv_rows_config(rows: int, n: int, k: int) -> GemvRowsConfig:
+    """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows): 64
+    outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
+    at both row counts (within 3% of each projection's own best)."""
+    return GemvRowsConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)
+
+
+def block_m(rows: int) -> int:
+    """The input rows padded to the tensor core's narrow side: a power of two, 16 at least."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs)."""
+    assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    config = gemv_rows_config(m, n, k)
+    _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
+        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
+        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+    return out
