@@ -55,11 +55,12 @@ class GemvRowsConfig(NamedTuple):
     num_stages: int
 
 
-def gemv_rows_config(rows: int, n: int, k: int) -> GemvRowsConfig:
-    """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows): 64
-    outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
-    at both row counts (within 3% of each projection's own best)."""
-    return GemvRowsConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)
+def gemv_rows_config(rows: int, n: int, k: int, element_size: int = 2) -> GemvRowsConfig:
+    """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
+    64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
+    at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
+    inputs), which is what fits in shared memory."""
+    return GemvRowsConfig(block_n=64, block_k=512 // element_size, num_warps=4, num_stages=4)
 
 
 def block_m(rows: int) -> int:
@@ -73,7 +74,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    config = gemv_rows_config(m, n, k)
+    config = gemv_rows_config(m, n, k, x.element_size())
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
         HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

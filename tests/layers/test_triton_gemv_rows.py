@@ -35,3 +35,14 @@ def test_row_counts_pick_their_gemv():
     assert gemv_ops_for(rows[1]) is not None and gemv_rows_ops_for(rows[1]) is None
     assert gemv_rows_ops_for(rows[2]) is triton_gemv_rows and gemv_rows_ops_for(rows[GEMV_MAX_ROWS]) is triton_gemv_rows
     assert gemv_ops_for(rows[GEMV_MAX_ROWS + 1]) is None and gemv_rows_ops_for(rows[GEMV_MAX_ROWS + 1]) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [2, 16])
+def test_tiles_fit_in_shared_memory(dtype, m):
+    """The pipelined weight and input tiles of every stage stay within 180 KB of the H200's 227 KB a block (the
+    rest is the compiler's scratch): float32's first tiles asked for 240 KB and failed to launch on the GPU."""
+    size = torch.empty(0, dtype=dtype).element_size()
+    config = triton_gemv_rows.gemv_rows_config(m, 4096, 4096, size)
+    tile_bytes = (config.block_n + triton_gemv_rows.block_m(m)) * config.block_k * size * config.num_stages
+    assert tile_bytes <= 180 * 1024
