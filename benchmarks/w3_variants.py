@@ -1,5 +1,5 @@
 """W3 (`brisk bench latency` on the Llama-3.1-8B shape) with the decode-attention launch changed, on a GPU (not a
-test): the figures of docs/benchmarks.md's "Where W3's time goes".
+test): the figures of benchmarks/results/HISTORY.md's "Where W3's time goes" (fourth run).
 
     python benchmarks/w3_variants.py OUT.json [tile=64 stages=2 part=64 warps=8 splits=1 | no-attention]
 

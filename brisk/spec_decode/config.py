@@ -15,8 +15,8 @@ _FIELDS = (
 )
 
 # Running requests from which nothing is proposed when the config leaves ``disable_by_batch_size`` out. On an
-# H200 (docs/benchmarks.md, thirteenth and fourteenth runs) speculation paid only at batch 1, and only where the
-# output copies the prompt (n-gram on editing prompts: 1.04-1.09x); at batch 8 n-gram ran at 0.58x of plain
+# H200 (benchmarks/results/HISTORY.md, thirteenth and fourteenth runs) speculation paid only at batch 1, and only
+# where the output copies the prompt (n-gram on editing prompts: 1.04-1.09x); at batch 8 n-gram ran at 0.58x of plain
 # decoding and a step verifying a draft model's 4 tokens cost 4.5x a plain step, more than its at most 5 tokens
 # repay at the acceptance measured on real weights. An explicit ``None`` (JSON null) proposes at every size.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 2

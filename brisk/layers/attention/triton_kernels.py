@@ -618,7 +618,7 @@ class DecodeLaunch(NamedTuple):
 def _decode_launch(head_p2: int, num_seqs: int, device: torch.device) -> DecodeLaunch:
     """A single sequence's launch is latency-bound:
     - small tiles and 64-key splits: on the H200 W3 ran at 240 to 243 tok/s that way against 236 with the large
-      tiles (docs/benchmarks.md);
+      tiles (benchmarks/results/HISTORY.md, fourth run);
     - no pipeline stages: its splits are mostly one tile long, so its loop rarely runs and stages only cost it
       setup (0.6 us per layer, W3 259.2 vs 258.4);
     - 8 warps, which halve each thread's share of the tile math (W3 261 vs 258 tok/s).
