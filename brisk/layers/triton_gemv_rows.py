@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from brisk.layers.device_limits import shared_memory_per_block
+
 
 @triton.jit
 def _gemv_rows_kernel(
@@ -55,17 +57,32 @@ class GemvRowsConfig(NamedTuple):
     num_stages: int
 
 
-def gemv_rows_config(rows: int, n: int, k: int, element_size: int = 2) -> GemvRowsConfig:
-    """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
-    64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
-    at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
-    inputs), which is what fits in shared memory."""
-    return GemvRowsConfig(block_n=64, block_k=512 // element_size, num_warps=4, num_stages=4)
+# Shared memory Triton asks for, per byte of the pipelined tiles (layout conversions and the epilogue's scratch):
+# measured from its out-of-resource errors on the H200 (247,296 bytes for 196,608 of tiles).
+SHARED_MEMORY_PER_TILE_BYTE = 1.3
+MAX_STAGES = 4
 
 
 def block_m(rows: int) -> int:
     """The input rows padded to the tensor core's narrow side: a power of two, 16 at least."""
     return max(16, triton.next_power_of_2(rows))
+
+
+def gemv_rows_config(rows: int, n: int, k: int, element_size: int = 2, shared_memory: int = 0) -> GemvRowsConfig:
+    """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
+    64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
+    at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
+    inputs). A GPU with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages,
+    and below two halves the tiles' inputs."""
+    block_k = 512 // element_size
+    stages = MAX_STAGES
+    while shared_memory:
+        stage_bytes = (64 + block_m(rows)) * block_k * element_size * SHARED_MEMORY_PER_TILE_BYTE
+        stages = min(MAX_STAGES, int(shared_memory // stage_bytes))
+        if stages >= 2 or block_k == 32:
+            break
+        block_k //= 2
+    return GemvRowsConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=max(stages, 1))
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,7 +91,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    config = gemv_rows_config(m, n, k, x.element_size())
+    config = gemv_rows_config(m, n, k, x.element_size(), shared_memory_per_block(x.device))
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
         HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
