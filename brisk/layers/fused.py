@@ -38,13 +38,19 @@ def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
     return _triton_module("triton_gemv")
 
 
+@functools.cache
+def _has_bf16_tensor_cores(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def gemv_rows_ops_for(x: torch.Tensor) -> ModuleType | None:
-    """The ``triton_gemv_rows`` module when ``x`` has 2 to ``GEMV_MAX_ROWS`` rows on a CUDA device, else None:
-    small decode batches and speculative verification, where the projections are still weight reads and the
-    GEMV reads them faster than cuBLAS (``benchmarks/tune_gemv_rows.py``)."""
+    """The ``triton_gemv_rows`` module when ``x`` has 2 to ``GEMV_MAX_ROWS`` rows on a CUDA GPU of compute
+    capability 8.0 or newer (its tensor-core tiles take bf16), else None: small decode batches and speculative
+    verification, where the projections are still weight reads and the GEMV reads them faster than cuBLAS
+    (``benchmarks/tune_gemv_rows.py``)."""
     if not x.is_cuda or x.dim() != 2 or not 2 <= x.shape[0] <= GEMV_MAX_ROWS:
         return None
-    return _triton_module("triton_gemv_rows")
+    return _triton_module("triton_gemv_rows") if _has_bf16_tensor_cores(x.device) else None
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -57,9 +57,9 @@ class GemvRowsConfig(NamedTuple):
     num_stages: int
 
 
-# Shared memory Triton asks for, per byte of the pipelined tiles (layout conversions and the epilogue's scratch):
-# measured from its out-of-resource errors on the H200 (247,296 bytes for 196,608 of tiles).
-SHARED_MEMORY_PER_TILE_BYTE = 1.3
+# Shared memory a launch needs beyond its pipelined tiles: Hopper keeps one weight and one input tile a stage
+# (160 KiB for four stages of 64 x 256 and 16 x 256 bf16, compiled for sm_90), Ampere and Ada one stage fewer.
+SHARED_MEMORY_MARGIN = 4096
 MAX_STAGES = 4
 
 
@@ -77,8 +77,8 @@ def gemv_rows_config(rows: int, n: int, k: int, element_size: int = 2, shared_me
     block_k = 512 // element_size
     stages = MAX_STAGES
     while shared_memory:
-        stage_bytes = (64 + block_m(rows)) * block_k * element_size * SHARED_MEMORY_PER_TILE_BYTE
-        stages = min(MAX_STAGES, int(shared_memory // stage_bytes))
+        stage_bytes = (64 + block_m(rows)) * block_k * element_size
+        stages = min(MAX_STAGES, (shared_memory - SHARED_MEMORY_MARGIN) // stage_bytes)
         if stages >= 2 or block_k == 32:
             break
         block_k //= 2

@@ -231,7 +231,7 @@ def test_decodes_beside_prompts_take_their_own_launch():
     is_short = torch.tensor([n for _, n in seqs]).repeat_interleave(torch.tensor([n for _, n in seqs])) <= short
     assert is_short.any() and not is_short.all()
 
-    assert _mixes_short_and_long(md, short, on_cuda=False)  # the backend takes both launches
+    assert _mixes_short_and_long(md, short)  # the backend takes both launches
     out = TritonAttentionImpl(num_heads, num_kv_heads, head_size, head_size**-0.5).forward(q, k, v, cache, md)
     assert_close(out, ref)
     torch.testing.assert_close(cache, ref_cache, equal_nan=True, atol=0, rtol=0)
@@ -245,6 +245,23 @@ def test_decodes_beside_prompts_take_their_own_launch():
         tk.unified_attention(q, cache, part, *step, max_query_len, seq_filter=seq_filter.value)
         assert_close(part[rows], ref[rows])
         assert part[~rows].isnan().all()
+
+
+@pytest.mark.parametrize(
+    "seqs,mixes",
+    [
+        ([(64, 64), (0, 0), (0, 0)], True),  # a packed mixed-step graph's capture: a padding sequence, empty ones
+        ([(40, 4), (90, 4), (7, 4)], False),  # speculative verification of 1 + 3 rows with 16 query heads a KV head
+        ([(40, 1), (90, 3)], False),  # decodes and short drafts only
+    ],
+    ids=["packed-capture", "verification", "short-only"],
+)
+def test_launch_choice_follows_the_metadata(seqs, mixes):
+    """The one-or-two-launch choice reads the step's metadata alone, so a CUDA graph's warm-up and its capture
+    (same metadata) take the same launches and no kernel is first compiled inside a capture; the packed graphs'
+    empty sequences make their capture take both launches."""
+    md = make_batch(seqs, 16, 1, 32, 8)[-1]
+    assert _mixes_short_and_long(md, tk.short_query_len(16)) is mixes
 
 
 def test_unified_handles_empty_query_and_strided_io():

@@ -57,7 +57,7 @@ class TritonAttentionImpl(AttentionImpl):
             skip = skip.to(query.device)
         args = (query, kv_cache, output, metadata.block_tables, metadata.seq_lens, metadata.query_start_loc)
         short = tk.short_query_len(self.num_heads // self.num_kv_heads)
-        if not _mixes_short_and_long(metadata, short, query.is_cuda):
+        if not _mixes_short_and_long(metadata, short):
             return tk.unified_attention(*args, self.scale, metadata.num_seqs, metadata.max_query_len,
                                         k_scale=k_scale, v_scale=v_scale, skip_seqs=skip)  # fmt: skip
         tk.unified_attention(*args, self.scale, metadata.num_seqs, metadata.max_query_len, k_scale=k_scale,
@@ -66,15 +66,13 @@ class TritonAttentionImpl(AttentionImpl):
                                     seq_filter=tk.SEQS_SHORT.value)  # fmt: skip
 
 
-def _mixes_short_and_long(metadata: AttentionMetadata, short: int, on_cuda: bool) -> bool:
+def _mixes_short_and_long(metadata: AttentionMetadata, short: int) -> bool:
     """Whether a step's sequences include both queries of at most ``short`` tokens (decodes, drafts) and longer
     ones (prompt chunks), which then take a launch each: one tile size for both would give each decode the
     prompts' 128-row tile, 32 times the work its few rows need (at 250 decodes beside prompts on an 8B model,
-    about 10 ms a step). A CUDA graph being captured takes both launches whenever it holds several sequences
-    (the packed mixed-step graphs), since what it replays is not known; the launch that finds nothing to do
-    costs a few microseconds."""
+    about 10 ms a step). The packed mixed-step graphs are captured with empty sequences beside their padding
+    one, so they hold both launches for whatever they replay; a graph's warm-up and its capture see the same
+    metadata, so no kernel is first compiled inside a capture."""
     if metadata.num_seqs < 2 or metadata.max_query_len <= short:
         return False
-    if on_cuda and torch.cuda.is_current_stream_capturing():
-        return True
     return metadata.min_query_len <= short
