@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks and figures of the features beside the fast path (benchmarks/results/HISTORY.md: quantization,
-# structured outputs, worker processes), on the Llama-3.1-8B shape with random weights. For an offline GPU machine: missing
-# Python packages come as wheels in .whl/ (as for h200_run.sh); $OUT is the folder results go to.
+# structured outputs, worker processes), on the Llama-3.1-8B shape with random weights. For an offline GPU machine:
+# missing Python packages come as wheels in .whl/ (as for h200_run.sh); $OUT is the folder results go to.
 #   bash benchmarks/h200_features.sh STAGE...   stages, run in the order given:
 #     tests    tests/gpu (every GPU test, the features' included; BRISK_TESTS narrows it: pytest paths/flags)
 #     tune     the batch-1 INT4 and FP8 GEMV tiles on the 8B projections (benchmarks/tune_int_gemv.py)

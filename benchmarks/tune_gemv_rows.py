@@ -31,7 +31,7 @@ LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def use(config: GemvRowsConfig | None) -> None:
-    triton_gemv_rows.gemv_rows_config = DEFAULT_CONFIG if config is None else (lambda *shape_and_device: config)
+    triton_gemv_rows.gemv_rows_config = DEFAULT_CONFIG if config is None else (lambda *rows_and_device: config)
 
 
 def sweep_projection(name: str, rows: int, layers: int, top: int) -> None:

@@ -14,6 +14,7 @@ kernel is computed again by every program, which for 16 rows cost more than the 
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -68,12 +69,13 @@ def block_m(rows: int) -> int:
     return max(16, triton.next_power_of_2(rows))
 
 
-def gemv_rows_config(rows: int, n: int, k: int, element_size: int = 2, shared_memory: int = 0) -> GemvRowsConfig:
+@functools.cache
+def gemv_rows_config(rows: int, element_size: int = 2, shared_memory: int = 0) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
     at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
     inputs). A GPU with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages,
-    and below two halves the tiles' inputs."""
+    and below two halves the tiles' inputs. Cached: an eager step asks once a projection."""
     block_k = 512 // element_size
     stages = MAX_STAGES
     while shared_memory:
@@ -91,7 +93,7 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    config = gemv_rows_config(m, n, k, x.element_size(), shared_memory_per_block(x.device))
+    config = gemv_rows_config(m, x.element_size(), shared_memory_per_block(x.device))
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
         HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",

@@ -57,7 +57,7 @@ def test_tiles_fit_in_shared_memory(dtype, m, shared_memory):
     (float32's first tiles asked for 240 KB and failed to launch on the H200), with two stages at least; the
     H200 keeps its measured four stages of 256 bf16 inputs."""
     size = torch.empty(0, dtype=dtype).element_size()
-    config = triton_gemv_rows.gemv_rows_config(m, 4096, 4096, size, shared_memory)
+    config = triton_gemv_rows.gemv_rows_config(m, size, shared_memory)
     tile_bytes = (config.block_n + triton_gemv_rows.block_m(m)) * config.block_k * size * config.num_stages
     assert tile_bytes + triton_gemv_rows.SHARED_MEMORY_MARGIN <= shared_memory
     assert config.num_stages >= 2
