@@ -13,7 +13,8 @@
 # BRISK_SERVE_OUTPUT_LEN (128), BRISK_SERVE_TOKENIZER (a folder with SmolLM2's tokenizer; default .scratch/smollm2-tokenizer),
 # BRISK_SERVE_SHAPE (llama-3.1-8b-shape-smollm2-vocab), BRISK_SERVE_VOCAB_SIZE (none: the shape's),
 # BRISK_SERVE_ARGS (server flags; default "--dtype bfloat16 --gpu-memory-utilization 0.9"), BRISK_SERVE_PORT (8011),
-# BRISK_SERVE_READY_TIMEOUT (600 s). A CPU dry run of the serve stage alone:
+# BRISK_SERVE_READY_TIMEOUT (600 s), BRISK_SERVE_VLLM_SITE (a folder holding vLLM: each point then runs vLLM's own
+# `bench serve` client, as serve_anchor.sh runs it against vLLM, into $OUT/brisk_vllm_client_<point>.json). A CPU dry run of the serve stage alone:
 #   BRISK_SKIP_TESTS=1 BRISK_WORKLOADS= BRISK_SKIP_LATENCY=1 BRISK_SKIP_LONG_CONTEXT=1 BRISK_SKIP_STARTUP=1 \
 #   BRISK_SERVE_SHAPE=llama-tiny-shape BRISK_SERVE_VOCAB_SIZE=49152 BRISK_SERVE_ARGS="--device cpu --kv-cache-memory-bytes 64MiB" \
 #   BRISK_SERVE_POINTS="1:2 2:4" BRISK_SERVE_INPUT_LEN=32 BRISK_SERVE_OUTPUT_LEN=8 bash benchmarks/h200_run.sh
@@ -44,6 +45,18 @@ PEER_W4=()
 # W5 and W6 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:
 # $OUT/brisk_w5_c{C}.json or brisk_w6.json, client output beside it), then SIGTERM and wait. A server that does not come
 # up costs at most BRISK_SERVE_READY_TIMEOUT: the client stops at once when the server process exits.
+# vLLM's own bench serve client against brisk's server, with serve_anchor.sh's flags (port model n c prefix input name).
+vllm_client() {
+    local input_len=${BRISK_SERVE_INPUT_LEN:-1024}
+    [ -n "$5" ] && input_len=$6
+    PYTHONPATH=$BRISK_SERVE_VLLM_SITE VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+        VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 \
+        python3 -m vllm.entrypoints.cli.main bench serve --backend vllm --base-url "http://127.0.0.1:$1" \
+        --model llama8b --tokenizer "$2" --dataset-name random --ignore-eos --num-prompts "$3" --max-concurrency "$4" \
+        ${5:+--random-prefix-len "$5"} --random-input-len "$input_len" --random-output-len "${BRISK_SERVE_OUTPUT_LEN:-128}" \
+        --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --seed 0 \
+        --save-result --result-dir "$OUT" --result-filename "$7.json"
+}
 serve_stage() {
     local port=${BRISK_SERVE_PORT:-8011} model=/tmp/brisk-serve-model tok=${BRISK_SERVE_TOKENIZER:-.scratch/smollm2-tokenizer}
     if [ ! -f "$tok/tokenizer.json" ]; then
@@ -74,7 +87,7 @@ serve_stage() {
         --num-prompts 1 --skip-initial-test >"$OUT/brisk_w5_warmup.log" 2>&1; then
         echo "brisk serve ready (and one request answered) after $((SECONDS - t0)) s;" \
             "$(grep -a -i -o -m1 'engine ready in .*' "$OUT/brisk_serve.log")"
-        local point c n prefix input name peer label
+        local point c n prefix input name peer label result
         for point in ${BRISK_SERVE_POINTS:-1:16 16:160 64:384 256:768 64:256:2000:100}; do
             IFS=: read -r c n prefix input <<<"$point"
             if [ -n "$prefix" ]; then name=w6 peer=w6_prefix label=W6; else name=w5_c$c peer=w5_c$c label=W5-c$c; fi
@@ -83,28 +96,41 @@ serve_stage() {
             fi
             rm -f "$OUT/brisk_$name.json"
             : >"$timeline"
-            "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "$label" \
-                ${prefix:+--random-prefix-len "$prefix" --random-input-len "$input"} \
-                --output-json "$OUT/brisk_$name.json" >"$OUT/brisk_$name.log" 2>&1
+            if [ -n "${BRISK_SERVE_VLLM_SITE:-}" ]; then
+                vllm_client "$port" "$model" "$n" "$c" "$prefix" "$input" "brisk_vllm_client_$peer" >"$OUT/brisk_$name.log" 2>&1
+            else
+                "${client[@]}" --num-prompts "$n" --max-concurrency "$c" --label "$label" \
+                    ${prefix:+--random-prefix-len "$prefix" --random-input-len "$input"} \
+                    --output-json "$OUT/brisk_$name.json" >"$OUT/brisk_$name.log" 2>&1
+            fi
             cp "$timeline" "$OUT/brisk_steps_$name.jsonl"
             python3 benchmarks/step_timeline.py "$OUT/brisk_steps_$name.jsonl" 2>&1 | head -1 | sed "s/^/  $label steps: /"
-            if [ -f "$OUT/brisk_$name.json" ]; then
-                python3 - "$OUT/brisk_$name.json" "$OUT/$peer.json" <<'PY'
+            result=$OUT/brisk_$name.json
+            [ -n "${BRISK_SERVE_VLLM_SITE:-}" ] && result=$OUT/brisk_vllm_client_$peer.json
+            if [ -f "$result" ]; then
+                python3 - "$result" "$OUT/$peer.json" "$label" <<'PY'
 import json, os, sys
 d = json.load(open(sys.argv[1]))
-m, c = d["results"]["server"], d["config"]
-line = (f"{d['workload']['name']}: {m['completed']}/{c['num_prompts']} ok, TTFT p50/p99 {m['ttft_ms']['median']:.1f}/"
-        f"{m['ttft_ms']['p99']:.1f} ms, TPOT p50/p99 {m['tpot_ms']['median']:.2f}/{m['tpot_ms']['p99']:.2f} ms, ITL p99 "
-        f"{m['itl_ms']['p99']:.1f} ms, {m['output_throughput']:,.0f} output tok/s, {m['request_throughput']:.2f} req/s")
+if "results" in d:  # brisk bench serve's file
+    m, c = d["results"]["server"], d["config"]
+    got = {"completed": m["completed"], "num_prompts": c["num_prompts"], "output_throughput": m["output_throughput"],
+           "request_throughput": m["request_throughput"], "median_ttft_ms": m["ttft_ms"]["median"],
+           "p99_ttft_ms": m["ttft_ms"]["p99"], "median_tpot_ms": m["tpot_ms"]["median"],
+           "p99_tpot_ms": m["tpot_ms"]["p99"], "p99_itl_ms": m["itl_ms"]["p99"]}
+    errors = m["errors"]
+else:  # vLLM bench serve's file
+    got, errors = d, [e for e in d.get("errors", []) if e][:2]
+line = (f"{sys.argv[3]}: {got['completed']}/{got['num_prompts']} ok, TTFT p50/p99 {got['median_ttft_ms']:.1f}/"
+        f"{got['p99_ttft_ms']:.1f} ms, TPOT p50/p99 {got['median_tpot_ms']:.2f}/{got['p99_tpot_ms']:.2f} ms, ITL p99 "
+        f"{got['p99_itl_ms']:.1f} ms, {got['output_throughput']:,.0f} output tok/s, {got['request_throughput']:.2f} req/s")
 peer = sys.argv[2]  # vLLM's bench serve file for the same point, where serve_anchor.sh ran in this $OUT
 if os.path.isfile(peer):
     with open(peer) as f:
         v = json.load(f)
-    pairs = [("output tok/s", m["output_throughput"], v.get("output_throughput")),
-             ("TTFT p50", m["ttft_ms"]["median"], v.get("median_ttft_ms")),
-             ("TTFT p99", m["ttft_ms"]["p99"], v.get("p99_ttft_ms")), ("ITL p99", m["itl_ms"]["p99"], v.get("p99_itl_ms"))]
+    pairs = [(k, got[key], v.get(key)) for k, key in [("output tok/s", "output_throughput"),
+             ("TTFT p50", "median_ttft_ms"), ("TTFT p99", "p99_ttft_ms"), ("ITL p99", "p99_itl_ms")]]
     line += "; / vLLM: " + ", ".join(f"{k} {b / p:.2f}x" for k, b, p in pairs if p)
-print(line + (f"; errors: {m['errors'][:2]}" if m["errors"] else ""))
+print(line + (f"; errors: {errors}" if errors else ""))
 PY
             else
                 echo "$label: no result; the client's output ends:"; tail -5 "$OUT/brisk_$name.log"

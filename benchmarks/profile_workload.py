@@ -2,7 +2,7 @@
 the torch profiler (CUDA kernels only), then its kernels grouped by kind with their share of the wall time.
 
     python benchmarks/profile_workload.py --workload W2 [--num-prompts N --input-len N --output-len N]
-        [--max-num-batched-tokens N] [--kernels 25]
+        [--max-num-batched-tokens N] [--max-model-len N] [--quantization fp8] [--kv-cache-dtype fp8] [--kernels 25]
 
 The groups answer "where does the GPU time go, and how much of the wall is the GPU idle": attention (prefill
 vs decode kernels), GEMMs, small fused kernels, sampling, copies.
@@ -26,7 +26,9 @@ from brisk.bench.configs import LLAMA31_8B_CONFIG
 GROUPS = (
     ("attention: prefill/extend", ("_unified_attention",)),
     ("attention: decode", ("_decode_attention",)),
+    ("attention: long prefill (cuDNN)", ("cudnn", "flash_fprop", "sdpa")),
     ("KV write", ("_write_kv_cache",)),
+    ("FP8 input quantization", ("_quantize_rows",)),
     ("GEMM (cuBLAS / cutlass)", ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas")),
     ("norm / rotary / silu (Triton)", ("rms_norm", "_rotary", "silu")),
     ("sampling", ("gumbel", "argmax", "softmax", "exponential", "sort", "topk")),
@@ -48,13 +50,17 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--quantization", default=None, help="e.g. fp8 (weights quantized while loading)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="e.g. fp8")
     parser.add_argument("--kernels", type=int, default=20, help="How many of the top kernels to list.")
     args = parser.parse_args()
     folder = tempfile.mkdtemp()
     with open(f"{folder}/config.json", "w") as f:
         json.dump(LLAMA31_8B_CONFIG, f)
     kwargs = {"max_num_batched_tokens": args.max_num_batched_tokens} if args.max_num_batched_tokens else {}
-    llm = LLM(folder, load_format="dummy", max_model_len=4096, **kwargs)
+    llm = LLM(folder, load_format="dummy", max_model_len=args.max_model_len, quantization=args.quantization,
+              kv_cache_dtype=args.kv_cache_dtype, **kwargs)  # fmt: skip
     workload = datasets.build_workload(args.workload, args.num_prompts, args.input_len, args.output_len)
     params = [
         SamplingParams(temperature=workload.temperature, max_tokens=n, ignore_eos=True, detokenize=False)
