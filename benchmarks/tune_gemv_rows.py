@@ -4,6 +4,11 @@ kernels) through each at every row count: the row counts where the GEMV's stack 
 ``brisk.layers.fused.GEMV_MAX_ROWS`` should cover.
 
     python benchmarks/tune_gemv_rows.py [--rows 2,4,8,16,32] [--sweep-rows 4,16] [--layers 32] [--top 4]
+        [--fp8-rows 8,16]
+
+``--fp8-rows``: each projection with FP8 weights (``quantization="fp8"``'s layout) through the weight-only FP8
+GEMV, beside the bf16 GEMV and the ``torch._scaled_mm`` path that larger batches take (inputs quantized per
+token, then the FP8 GEMM).
 
 Timings as in ``tune_gemv.py``: CUDA graphs over distinct weight copies, so that no weight stays in L2.
 """
@@ -19,6 +24,8 @@ import torch.nn.functional as F
 from tune_gemv import HIDDEN, PROJECTIONS, graph_ms
 
 from brisk.layers import triton_gemv_rows, triton_ops
+from brisk.layers.quantization.fp8_utils import quantize_fp8_per_row
+from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
 from brisk.layers.triton_gemv_rows import GemvRowsConfig
 
 DEFAULT_CONFIG = triton_gemv_rows.gemv_rows_config
@@ -60,6 +67,34 @@ def sweep_projection(name: str, rows: int, layers: int, top: int) -> None:
               f"({cublas / time_us:4.2f}x cuBLAS)")  # fmt: skip
 
 
+def fp8_projection(name: str, rows: int, layers: int) -> None:
+    """One projection at ``rows`` rows: bf16 weights through the GEMV; FP8 weights through the weight-only FP8
+    GEMV and through per-token input quantization plus ``torch._scaled_mm``."""
+    n, k = PROJECTIONS[name]
+    copies = max(2, min(layers, int(4e9 // (n * k * 2))))
+    weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
+    fp8 = [quantize_fp8_per_row(w) for w in weights]
+    x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
+
+    def scaled_mm(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        xq, x_scale = quantize_fp8_rows(x)
+        return torch._scaled_mm(xq, qweight.t(), scale_a=x_scale, scale_b=scale.reshape(1, -1),
+                                out_dtype=torch.bfloat16)  # fmt: skip
+
+    def us(run: Callable) -> float:
+        return graph_ms(run) / copies * 1e3
+
+    bf16 = us(lambda: [triton_gemv_rows.gemv_rows(x, w, None) for w in weights])
+    gemv = us(lambda: [triton_gemv_rows.gemv_rows(x, q, None, s) for q, s in fp8])
+    mm = us(lambda: [scaled_mm(q, s) for q, s in fp8])
+    qweight, scale = fp8[0]
+    ref = F.linear(x.float(), qweight.float() * scale)
+    error = ((triton_gemv_rows.gemv_rows(x, qweight, None, scale).float() - ref).abs().max() / ref.abs().max()).item()
+    print(f"{name} [{n} x {k}], {rows} rows: bf16 GEMV {bf16:6.1f} us; FP8 GEMV {gemv:6.1f} us "
+          f"({n * k / gemv / 1e6:4.2f} TB/s, {bf16 / gemv:4.2f}x bf16); quantize + _scaled_mm {mm:6.1f} us "
+          f"({mm / gemv:4.2f}x the FP8 GEMV's time); FP8 GEMV max error {error:.1e} of the largest")  # fmt: skip
+
+
 def layer_stack(rows: int, layers: int) -> None:
     """The projections of ``layers`` decoder layers at ``rows`` rows with the separate norm and activation
     kernels, through cuBLAS and through the GEMV."""
@@ -97,7 +132,11 @@ def main() -> None:
     parser.add_argument("--sweep-rows", default="4,16", help="row counts of the config sweep (empty: none)")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--top", type=int, default=4)
+    parser.add_argument("--fp8-rows", default="", help="row counts of the FP8 comparison (e.g. 8,16; empty: none)")
     args = parser.parse_args()
+    for rows in [int(r) for r in args.fp8_rows.split(",") if r]:
+        for name in LAYER_PROJECTIONS:
+            fp8_projection(name, rows, args.layers)
     for rows in [int(r) for r in args.rows.split(",") if r]:
         layer_stack(rows, args.layers)
     for rows in [int(r) for r in args.sweep_rows.split(",") if r]:

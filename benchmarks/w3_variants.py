@@ -35,8 +35,8 @@ def patch(options: list[str]) -> None:
     if overrides:
         default = tk._decode_launch
 
-        def decode_launch(head_p2: int, num_seqs: int, device: torch.device) -> tk.DecodeLaunch:
-            return default(head_p2, num_seqs, device)._replace(**overrides)
+        def decode_launch(head_p2: int, num_seqs: int, device: torch.device, fp8: bool = False) -> tk.DecodeLaunch:
+            return default(head_p2, num_seqs, device, fp8)._replace(**overrides)
 
         tk._decode_launch = decode_launch
     if "splits" in settings:

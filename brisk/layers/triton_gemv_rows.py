@@ -7,6 +7,12 @@ at 3.0 to 3.5 (``benchmarks/tune_gemv_rows.py``). The weight is the tensor core'
 x_tile^T``), so its rows fill the tile's 64 rows and the input rows only the narrow side, padded to 16; each
 program owns ``BLOCK_N`` outputs of every row and streams its weight rows through K in pipelined tiles.
 
+FP8 weights (``float8_e4m3fn`` with a float32 scale per output row, as ``quantization="fp8"`` keeps them) are
+widened to the input's dtype in registers and the scale applied to each output: weight-only FP8, which reads
+half of bf16's bytes and leaves the input unquantized, as the one-row GEMV does. ``torch._scaled_mm`` at these
+row counts was no faster than the bf16 GEMV on the H200 (122 against 124 ms in a decode profile at batch 8),
+and it needs the input quantized first.
+
 Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
 kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip
 (the fused stack of 32 layers took 6.8 ms against 4.2 with cuBLAS, on the same run).
@@ -26,10 +32,12 @@ from brisk.layers.device_limits import shared_memory_per_block
 
 @triton.jit
 def _gemv_rows_kernel(
-    x_ptr, weight_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_BIAS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, weight_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """One program per ``BLOCK_N`` outputs of every row: ``out[:, n] = x @ W[n, :]^T``."""
+    """One program per ``BLOCK_N`` outputs of every row: ``out[:, n] = x @ W[n, :]^T`` (times ``scale[n]`` with
+    ``HAS_SCALE``)."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -44,7 +52,9 @@ def _gemv_rows_kernel(
                     mask=n_mask[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
                     other=0.0)  # fmt: skip
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     tl.store(out_ptr + rows[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty),
@@ -70,16 +80,21 @@ def block_m(rows: int) -> int:
 
 
 @functools.cache
-def gemv_rows_config(rows: int, element_size: int = 2, shared_memory: int = 0) -> GemvRowsConfig:
+def gemv_rows_config(
+    rows: int, element_size: int = 2, shared_memory: int = 0, weight_element_size: int | None = None
+) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
-    at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
-    inputs). A GPU with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages,
-    and below two halves the tiles' inputs. Cached: an eager step asks once a projection."""
-    block_k = 512 // element_size
+    at both row counts (within 3% of each projection's own best). Other weight sizes take weight tiles of the
+    same bytes: 128 inputs for float32, 512 for FP8 (not yet tuned on a GPU). A GPU with less ``shared_memory`` a
+    block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below two halves the tiles' inputs.
+    ``element_size`` is the input's, ``weight_element_size`` the weight's (default: the same). Cached: an eager
+    step asks once a projection."""
+    weight_size = weight_element_size or element_size
+    block_k = 512 // weight_size
     stages = MAX_STAGES
     while shared_memory:
-        stage_bytes = (64 + block_m(rows)) * block_k * element_size
+        stage_bytes = (64 * weight_size + block_m(rows) * element_size) * block_k
         stages = min(MAX_STAGES, (shared_memory - SHARED_MEMORY_MARGIN) // stage_bytes)
         if stages >= 2 or block_k == 32:
             break
@@ -87,16 +102,22 @@ def gemv_rows_config(rows: int, element_size: int = 2, shared_memory: int = 0) -
     return GemvRowsConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=max(stages, 1))
 
 
-def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs)."""
+def gemv_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an FP8
+    ``weight`` is multiplied by its float32 ``weight_scale`` (one per output row) before the bias is added."""
     assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
+    assert (weight_scale is not None) == (weight.dtype == torch.float8_e4m3fn), "FP8 weights come with a scale"
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    config = gemv_rows_config(m, x.element_size(), shared_memory_per_block(x.device))
+    config = gemv_rows_config(m, x.element_size(), shared_memory_per_block(x.device), weight.element_size())
+    scale = weight_scale.reshape(-1) if weight_scale is not None else weight
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
-        x, weight, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
-        HAS_BIAS=bias is not None, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        x, weight, scale, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
+        HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """The few-row Triton GEMV matches ``F.linear`` (Triton's interpreter on CPU), for row counts that leave the
-tensor core's 16-row side partly empty and weight shapes that leave partial blocks, and the row counts it takes."""
+tensor core's 16-row side partly empty and weight shapes that leave partial blocks, with FP8 weights too, and the
+row counts it takes."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 triton_gemv_rows = pytest.importorskip("brisk.layers.triton_gemv_rows")
 
 from brisk.layers.fused import GEMV_MAX_ROWS, gemv_ops_for, gemv_rows_ops_for  # noqa: E402
+from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
 from brisk.worker.cuda_graphs import capture_sizes  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -25,6 +27,19 @@ def test_gemv_rows_matches_linear(m, n, k, with_bias):
     x = torch.randn(m, k + 8, device=DEVICE)[:, 3 : 3 + k]  # rows that start inside their storage, strided
     out = triton_gemv_rows.gemv_rows(x, weight, bias)
     torch.testing.assert_close(out, F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m,n,k", CASES[:3])
+def test_fp8_weights_match_the_dequantized_weight(m, n, k):
+    """FP8 weights with a scale per output row (as ``quantization="fp8"`` keeps them): the GEMV equals the linear
+    layer of the dequantized weight, the input unquantized (weight-only FP8); without the scale it fails."""
+    torch.manual_seed(m + n + k)
+    qweight, scale = quantize_fp8_per_row(torch.randn(n, k, device=DEVICE) / k**0.5)
+    x, bias = torch.randn(m, k, device=DEVICE), torch.randn(n, device=DEVICE)
+    out = triton_gemv_rows.gemv_rows(x, qweight, bias, scale)
+    torch.testing.assert_close(out, F.linear(x, dequantize(qweight, scale), bias), atol=1e-4, rtol=1e-4)
+    with pytest.raises(AssertionError, match="scale"):
+        triton_gemv_rows.gemv_rows(x, qweight, bias)
 
 
 def test_row_counts_pick_their_gemv():
@@ -57,9 +72,10 @@ def test_tiles_fit_in_shared_memory(dtype, m, shared_memory):
     (float32's first tiles asked for 240 KB and failed to launch on the H200), with two stages at least; the
     H200 keeps its measured four stages of 256 bf16 inputs."""
     size = torch.empty(0, dtype=dtype).element_size()
-    config = triton_gemv_rows.gemv_rows_config(m, size, shared_memory)
-    tile_bytes = (config.block_n + triton_gemv_rows.block_m(m)) * config.block_k * size * config.num_stages
-    assert tile_bytes + triton_gemv_rows.SHARED_MEMORY_MARGIN <= shared_memory
-    assert config.num_stages >= 2
-    if shared_memory == 232_448 and dtype == torch.bfloat16:
-        assert (config.block_k, config.num_stages) == (256, 4)
+    for weight_size in (size, 1):  # the input's dtype, or FP8 weights
+        config = triton_gemv_rows.gemv_rows_config(m, size, shared_memory, weight_size)
+        stage_bytes = (config.block_n * weight_size + triton_gemv_rows.block_m(m) * size) * config.block_k
+        assert stage_bytes * config.num_stages + triton_gemv_rows.SHARED_MEMORY_MARGIN <= shared_memory
+        assert config.num_stages >= 2
+        if shared_memory == 232_448 and dtype == torch.bfloat16:  # weight tiles of 32 KB, four of them
+            assert (config.block_k * weight_size, config.num_stages) == (512, 4)

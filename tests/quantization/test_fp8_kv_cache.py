@@ -136,7 +136,7 @@ def _fp8_pair(seqs, rotary: bool, scale: float, seed: int = 3):
     q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, 8, seed=seed)
     cache = torch.nan_to_num(cache)
     fp8 = torch.stack([quantize_kv(cache[0], scale), quantize_kv(cache[1], 2 * scale)])
-    rope = RotaryEmbedding(head_size, 128, {"rope_type": "default", "rope_theta": 10000.0}) if rotary else None
+    rope = RotaryEmbedding(head_size, 512, {"rope_type": "default", "rope_theta": 10000.0}) if rotary else None
     positions = torch.tensor([s - q_len + i for s, q_len in seqs for i in range(q_len)]) if rotary else None
     outs = []
     for cls in (TorchAttentionImpl, TritonAttentionImpl):
@@ -148,7 +148,9 @@ def _fp8_pair(seqs, rotary: bool, scale: float, seed: int = 3):
 
 
 @pytest.mark.parametrize("rotary", [False, True], ids=["plain", "rotary"])
-@pytest.mark.parametrize("seqs", [SEQS, [(40, 1), (7, 1), (70, 1)]], ids=["mixed", "decode"])
+@pytest.mark.parametrize(
+    "seqs", [SEQS, [(40, 1), (7, 1), (70, 1)], [(300, 1)]], ids=["mixed", "decode", "decode-one"]
+)  # one sequence: the FP8 cache's own batch-1 launch (128-key tiles, a partial last one)
 def test_triton_backend_matches_torch_backend_over_fp8(seqs, rotary):
     """Triton's writers store the bytes the reference stores (divide, saturate, round to nearest even) and its
     unified and split decode kernels, which fold the scales into the scores and the output, give the reference's

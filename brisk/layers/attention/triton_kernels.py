@@ -615,17 +615,22 @@ class DecodeLaunch(NamedTuple):
     num_warps: int
 
 
-def _decode_launch(head_p2: int, num_seqs: int, device: torch.device) -> DecodeLaunch:
+def _decode_launch(head_p2: int, num_seqs: int, device: torch.device, fp8: bool = False) -> DecodeLaunch:
     """A single sequence's launch is latency-bound:
     - small tiles and 64-key splits: on the H200 W3 ran at 240 to 243 tok/s that way against 236 with the large
       tiles (benchmarks/results/HISTORY.md, fourth run);
     - no pipeline stages: its splits are mostly one tile long, so its loop rarely runs and stages only cost it
       setup (0.6 us per layer, W3 259.2 vs 258.4);
     - 8 warps, which halve each thread's share of the tile math (W3 261 vs 258 tok/s).
-    Larger batches keep 4 warps, which leaves more programs per SM."""
+    An FP8 cache (``fp8``) at batch 1 takes 128-key tiles, 2 stages and 4 warps instead: over 32,000 keys 55.9 us
+    against 94.9 with the bf16 launch (``tune_decode_attention.py --kv-cache-dtype fp8``, nineteenth run), its
+    8-bit tiles carrying half the bytes of bf16's. Larger batches keep 4 warps, which leaves more programs per
+    SM."""
     if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
         return DecodeLaunch(128, 3, DECODE_MIN_PARTITION, 4)
     small_tile = 64 if head_p2 <= 128 else 32
+    if num_seqs == 1 and fp8 and head_p2 <= 128:
+        return DecodeLaunch(128, 2, 64, 4)
     if num_seqs == 1:
         return DecodeLaunch(small_tile, 1, 64, 8)
     return DecodeLaunch(small_tile, 2, DECODE_MIN_PARTITION, 4)
@@ -846,7 +851,7 @@ def decode_attention(
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     qpk = num_heads // num_kv_heads
     head_p2 = max(16, triton.next_power_of_2(head_size))
-    default = _decode_launch(head_p2, num_seqs, query.device)
+    default = _decode_launch(head_p2, num_seqs, query.device, _is_fp8(kv_cache))
     tile_n, num_stages = tile_n or default.tile_n, num_stages or default.num_stages
     num_warps = num_warps or default.num_warps
     min_partition = triton.cdiv(min_partition or default.min_partition, tile_n) * tile_n
