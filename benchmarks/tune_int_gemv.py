@@ -2,7 +2,10 @@
 the Llama-3.1-8B projections: time per projection and the bandwidth it reaches, beside the bf16 GEMV; then how
 ``torch._scaled_mm`` (FP8, row-wise scales, bf16 out) accumulates, against the float64 product of its operands.
 
-    python benchmarks/tune_int_gemv.py [--bits 4] [--group 128]
+    python benchmarks/tune_int_gemv.py [--bits 4] [--group 128] [--rows 4,16]
+
+``--rows``: the few-row INT GEMV (``GEMV_ROWS_TILE`` and a few other tiles) at those row counts, beside
+dequantizing for cuBLAS (what those rows took before it) and the bf16 and FP8 few-row GEMVs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from brisk.layers import triton_gemv  # noqa: E402
+from brisk.layers import triton_gemv, triton_gemv_rows  # noqa: E402
 from brisk.layers.quantization import triton_int_gemm  # noqa: E402
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
 from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows  # noqa: E402
@@ -77,6 +80,39 @@ def sweep(bits: int, group: int, rounds: int = 2) -> None:
           f"gemv_config's per-shape choice: {rule * 1e3:.0f} us")  # fmt: skip
 
 
+ROWS_TILES = [(64, 128, 4, 3), (64, 256, 4, 3), (32, 128, 4, 4), (64, 128, 8, 3), (128, 128, 8, 2)]
+
+
+def dequantized_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: int, group: int):
+    return torch.nn.functional.linear(x, triton_int_gemm.dequantize_packed(packed, scales, None, bits, group))
+
+
+def few_rows(bits: int, group: int, rows: int) -> None:
+    """us per projection at ``rows`` rows: the few-row INT GEMV for each tile of ``ROWS_TILES``, dequantizing
+    into bf16 for cuBLAS, and the bf16 and FP8 few-row GEMVs."""
+    torch.manual_seed(0)
+    dev, per_word, default = "cuda", 32 // bits, triton_int_gemm.GEMV_ROWS_TILE
+    warm_up()
+    for name, (n, k) in SHAPES.items():
+        packed = torch.randint(-(2**31), 2**31 - 1, (n, k // per_word), device=dev, dtype=torch.int32)
+        scales = torch.rand(n, k // group, device=dev, dtype=torch.bfloat16) * 0.01
+        x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+        bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.01
+        fp8, scale = quantize_fp8_per_row(bf16)
+        line = [f"{name:8s} {n}x{k}, {rows} rows:"]
+        for tile in ROWS_TILES:
+            triton_int_gemm.GEMV_ROWS_TILE = tile
+            ms = do_bench(partial(triton_int_gemm.int_weight_gemm, x, packed, scales, None, bits, group))
+            line.append(f"INT{bits} {tile} {ms * 1e3:.1f} us")
+        triton_int_gemm.GEMV_ROWS_TILE = default
+        dequantized = partial(dequantized_linear, x, packed, scales, bits, group)
+        for label, call in [("dequantize + cuBLAS", dequantized),
+                            ("bf16 GEMV", partial(triton_gemv_rows.gemv_rows, x, bf16, None)),
+                            ("FP8 GEMV", partial(triton_gemv_rows.gemv_rows, x, fp8, None, scale))]:  # fmt: skip
+            line.append(f"{label} {do_bench(call) * 1e3:.1f} us")
+        print("\n  ".join(line), flush=True)
+
+
 def scaled_mm_accumulation() -> None:
     """Max error over the largest magnitude and relative Frobenius error of ``torch._scaled_mm`` (qkv shape)
     against the float64 product of the same FP8 operands, with and without fast accumulation, beside the
@@ -104,7 +140,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group", type=int, default=128)
+    parser.add_argument("--rows", default="", help="row counts for the few-row INT GEMV (e.g. 4,16; empty: none)")
     args = parser.parse_args()
+    for rows in [int(r) for r in args.rows.split(",") if r]:
+        few_rows(args.bits, args.group, rows)
     sweep(args.bits, args.group)
     scaled_mm_accumulation()
 

@@ -81,7 +81,7 @@ def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
         assert frobenius < FROBENIUS and max_error < MAX_ERROR, (name, max_error, frobenius)
 
 
-@pytest.mark.parametrize(("bits", "rows"), [(4, 1), (4, 16), (8, 1), (4, 256)])
+@pytest.mark.parametrize(("bits", "rows"), [(4, 1), (4, 16), (8, 1), (8, 7), (4, 17), (4, 256)])
 def test_int_weight_gemm_matches_the_dequantized_weight(bits, rows):
     torch.manual_seed(1)
     out_features, group, per_word = 6144, 128, 32 // bits

@@ -1,6 +1,7 @@
 """The Triton dequantizing GEMM over compressed-tensors' packed layout (packed by the library itself), against
-the dequantized weight, under TRITON_INTERPRET=1 on the CPU: decode (1 row), odd and multi-tile batches, and the
-one-row GEMV's tiles (2, 4 and 8 bits, with and without zero points, partial row blocks and K steps)."""
+the dequantized weight, under TRITON_INTERPRET=1 on the CPU: decode (1 row), the few-row GEMV (2 to 16 rows),
+odd and multi-tile batches, and the one-row GEMV's tiles (2, 4 and 8 bits, with and without zero points,
+partial row blocks and K steps)."""
 
 import pytest
 import torch
@@ -20,6 +21,13 @@ from brisk.layers.quantization.triton_int_gemm import GemvConfig, int_weight_gem
         (8, 128, False, 2, 128),
         (4, 128, True, 1, 1152),  # the one-row GEMV over two and a quarter K tiles
         (8, 64, False, 1, 1152),
+        # The few-row GEMV (2 to 16 rows) in K steps of 128 values: four groups a step, over nine steps;
+        (4, 32, True, 16, 1152),
+        (4, 256, False, 7, 768),  # two steps a group;
+        (8, 64, True, 3, 576),  # the last step half full;
+        (2, 64, True, 4, 512),
+        (4, 640, True, 9, 640),  # one group a row (compressed-tensors' "channel" strategy);
+        (4, 192, True, 5, 576),  # groups that do not tile its steps: dequantized for cuBLAS instead
     ],
 )
 def test_matches_the_dequantized_weight(bits, group, asymmetric, rows, in_features):

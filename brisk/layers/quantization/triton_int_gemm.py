@@ -4,8 +4,9 @@ values, so batch-1 decode reads a quarter (int4) or half (int8) of a projection'
 Layout (compressed-tensors' ``pack-quantized``, kept as loaded): ``packed [N, K * bits / 32]`` int32, value ``k``
 of a row at bits ``(k % per_word) * bits`` of word ``k // per_word``, unsigned (offset ``2 ** (bits - 1)``
 for symmetric weights); ``scales [N, K / group]``; ``zeros [N, K / group]`` (unsigned, or None: the offset).
-A GEMV serves one row (batch-1 decode); more rows dequantize the weight into the activation dtype and multiply
-with cuBLAS.
+A GEMV serves one row (batch-1 decode); 2 to ``GEMV_MAX_ROWS`` rows take a tensor-core GEMV that dequantizes
+each weight tile in registers (the few-row GEMV's layout, ``layers/triton_gemv_rows.py``); more rows dequantize
+the weight into the activation dtype and multiply with cuBLAS.
 
 The GEMV spends an and, a subtraction and a fused multiply-add on each value (about five instructions with the
 loads, conversions and scales, in its sm_90 code), in 2-D ``[rows, words]`` tiles with one cross-lane reduction
@@ -201,6 +202,83 @@ def _int_weight_gemv_kernel(
     tl.store(out_ptr + offs_n, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=offs_n < N)
 
 
+@triton.jit
+def _int_weight_gemv_rows_kernel(
+    x_ptr, packed_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, x_stride, stride_pn, stride_sn, stride_zn,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """A few rows: each program owns ``BLOCK_N`` outputs of every row, as the few-row GEMV does, and walks K in
+    tiles of ``BLOCK_K`` values. Each tile's packed words are unpacked, their zero points taken off and their
+    scales applied in float32 (one scale and zero a group, broadcast over its values: ``BLOCK_K`` and ``GROUP``
+    divide one another), rounded once to the input dtype, as ``dequantize_packed`` does, and multiplied on the
+    tensor cores with the weight tile as the wide operand. The weight's bytes are read once for all rows."""
+    PER_WORD: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // PER_WORD
+    TILE_GROUP: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K  # values of a tile under one scale
+    TILE_GROUPS: tl.constexpr = BLOCK_K // TILE_GROUP
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    shifts = tl.arange(0, PER_WORD) * BITS
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_w = k0 // PER_WORD + tl.arange(0, WORDS)
+        w_mask = n_mask[:, None] & (offs_w < K // PER_WORD)[None, :]
+        words = tl.load(packed_ptr + n[:, None].to(tl.int64) * stride_pn + offs_w[None, :], mask=w_mask, other=0)
+        q = (words[:, :, None] >> shifts[None, None, :]) & ((1 << BITS) - 1)  # [BLOCK_N, WORDS, PER_WORD]
+        q = tl.reshape(q, (BLOCK_N, TILE_GROUPS, TILE_GROUP)).to(tl.float32)
+        groups = (k0 + tl.arange(0, TILE_GROUPS) * TILE_GROUP) // GROUP
+        g_mask = n_mask[:, None] & (groups * GROUP < K)[None, :]
+        scale = tl.load(scales_ptr + n[:, None] * stride_sn + groups[None, :], mask=g_mask, other=0.0)
+        if HAS_ZEROS:
+            zero = tl.load(zeros_ptr + n[:, None] * stride_zn + groups[None, :], mask=g_mask, other=0)
+            q = q - zero.to(tl.float32)[:, :, None]
+        else:
+            q = q - (1 << (BITS - 1))
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=row_mask[:, None] & (cols < K)[None, :],
+                    other=0.0)  # fmt: skip
+        w = tl.reshape(q * scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_K)).to(x.dtype)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee" if x.dtype == tl.float32 else "tf32")
+    tl.store(out_ptr + rows[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
+
+
+# The few-row INT GEMV's tile: outputs a program computes, values a K step, warps, pipeline stages (a lead after
+# the bf16 few-row GEMV's measured 64 outputs; not yet measured for integer weights).
+GEMV_ROWS_TILE = (64, 128, 4, 3)
+
+
+def _gemv_rows_takes(rows: int, group_size: int, device: torch.device) -> bool:
+    """Whether ``rows`` rows take the few-row INT GEMV: 2 to ``GEMV_MAX_ROWS`` of them, on the interpreter or a
+    GPU with bf16 tensor cores, with groups that tile its K steps (a divisor or a multiple of them)."""
+    from brisk.layers.fused import GEMV_MAX_ROWS
+
+    block_k = GEMV_ROWS_TILE[1]
+    if not 2 <= rows <= GEMV_MAX_ROWS or (block_k % group_size and group_size % block_k):
+        return False
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _int_weight_gemv_rows(
+    rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int
+) -> torch.Tensor:
+    m, k = rows.shape
+    n = packed.shape[0]
+    out = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
+    zeros_arg = zeros if zeros is not None else scales
+    block_n, block_k, warps, stages = GEMV_ROWS_TILE
+    _int_weight_gemv_rows_kernel[(triton.cdiv(n, block_n),)](
+        rows, packed, scales, zeros_arg, out, m, n, k, rows.stride(0), packed.stride(0), scales.stride(0),
+        zeros_arg.stride(0), BITS=bits, GROUP=group, HAS_ZEROS=zeros is not None,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
 def int_weight_gemm(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -223,6 +301,8 @@ def int_weight_gemm(
             WORDS=config.words, EVEN_K=packed.shape[1] % config.words == 0, num_warps=config.num_warps,
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], N)
+    if _gemv_rows_takes(M, group_size, x.device):
+        return _int_weight_gemv_rows(rows, packed, scales, zeros, bits, group_size).reshape(*x.shape[:-1], N)
     # More rows: dequantize once into the activation dtype and let cuBLAS multiply (the weight's extra bytes are
     # read once for all rows; a kernel dequantizing inside the tensor-core loop redoes it per row tile).
     return F.linear(rows, dequantize_packed(packed, scales, zeros, bits, group_size).to(x.dtype)).reshape(
