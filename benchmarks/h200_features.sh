@@ -4,9 +4,12 @@
 # missing Python packages come as wheels in .whl/ (as for h200_run.sh); $OUT is the folder results go to.
 #   bash benchmarks/h200_features.sh STAGE...   stages, run in the order given:
 #     tests    tests/gpu (every GPU test, the features' included; BRISK_TESTS narrows it: pytest paths/flags)
-#     tune     the batch-1 INT4 and FP8 GEMV tiles on the 8B projections (benchmarks/tune_int_gemv.py)
-#     w3quant  W3 (batch 1) in bf16, FP8 weights and W4A16 weights
-#     w1quant  W1 in bf16 and FP8 weights
+#     tune     the INT4 and FP8 GEMV tiles on the 8B projections, at 1 row and at 4 and 16 (tune_int_gemv.py,
+#              tune_gemv_rows.py --fp8-rows), and the decode kernel over an FP8 cache (tune_decode_attention.py)
+#     w3quant  W3 (batch 1) in bf16, FP8 weights, FP8 weights and FP8 KV cache, and W4A16 weights
+#     w1quant  W1 in bf16, FP8 weights, FP8 KV cache, and both
+#     w4quant  W4 (32k context) with FP8 weights, an FP8 KV cache, and both
+#     profile4 the kernels of 8 x 32,000-token prompts (prefill and 32 decode steps) with FP8 weights and FP8 KV
 #     workers  W1 and W3 with the model in a worker process (--distributed-executor-backend mp) beside in-process
 #     json     W2-shaped batch of 256 with and without a JSON schema (needs a SmolLM2 tokenizer folder in
 #              BRISK_TOKENIZER, default .scratch/smollm2-tokenizer)
@@ -30,17 +33,42 @@ stage_tests() {
         tee "$OUT/gpu_tests.log" | tail -25
 }
 stage_tune() {
-    python3 benchmarks/tune_int_gemv.py 2>&1 | tee "$OUT/tune_int_gemv.log" | tail -30
+    python3 benchmarks/tune_int_gemv.py --rows 4,16 2>&1 | tee "$OUT/tune_int_gemv.log" | tail -40
+    python3 benchmarks/tune_gemv_rows.py --rows "" --sweep-rows "" --fp8-rows 8,16 2>&1 |
+        tee "$OUT/tune_gemv_rows_fp8.log" | tail -8
+    python3 benchmarks/tune_decode_attention.py --shapes 8x32000,1x32000,256x820 --max-model-len 33000 \
+        --kv-cache-dtype fp8 --grid small --top 6 2>&1 | tee "$OUT/tune_decode_fp8.log" | tail -30
 }
 stage_w3quant() {
     brisk bench latency --model llama-3.1-8b-shape --output-json "$OUT/w3_bf16.json" | tail -3
     brisk bench latency --model llama-3.1-8b-shape --quantization fp8 --output-json "$OUT/w3_fp8.json" | tail -3
+    brisk bench latency --model llama-3.1-8b-shape --quantization fp8 --kv-cache-dtype fp8 \
+        --output-json "$OUT/w3_fp8_fp8kv.json" | tail -3
     brisk bench latency --model llama-3.1-8b-shape-w4a16 --output-json "$OUT/w3_w4a16.json" | tail -3
 }
 stage_w1quant() {
     brisk bench throughput --workload W1 --model llama-3.1-8b-shape --output-json "$OUT/w1_bf16.json" | tail -3
-    brisk bench throughput --workload W1 --model llama-3.1-8b-shape --quantization fp8 \
-        --output-json "$OUT/w1_fp8.json" | tail -3
+    local name flags
+    for name in fp8:--quantization=fp8 fp8kv:--kv-cache-dtype=fp8 fp8_fp8kv:--quantization=fp8,--kv-cache-dtype=fp8; do
+        flags=${name#*:}
+        # shellcheck disable=SC2086  # the flags, comma-separated
+        brisk bench throughput --workload W1 --model llama-3.1-8b-shape ${flags//,/ } \
+            --output-json "$OUT/w1_${name%%:*}.json" | tail -3
+    done
+}
+stage_w4quant() {
+    local name flags
+    for name in fp8:--quantization=fp8 fp8kv:--kv-cache-dtype=fp8 fp8_fp8kv:--quantization=fp8,--kv-cache-dtype=fp8; do
+        flags=${name#*:}
+        # shellcheck disable=SC2086  # the flags, comma-separated
+        brisk bench long-context --model llama-3.1-8b-shape ${flags//,/ } --output-json "$OUT/w4_${name%%:*}.json" |
+            tail -4
+    done
+}
+stage_profile4() {
+    python3 benchmarks/profile_workload.py --workload W2 --num-prompts 8 --input-len 32000 --output-len 32 \
+        --max-model-len 32256 --quantization fp8 --kv-cache-dtype fp8 --kernels 25 2>&1 |
+        grep -v -i -E "warn|tokenizer" | tee "$OUT/profile_w4_fp8.log" | tail -40
 }
 stage_workers() {
     local mode
