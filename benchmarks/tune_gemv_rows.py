@@ -35,6 +35,7 @@ SWEEP = [  # tiles whose pipelined loads fit in 160 KB of shared memory
     if (block_n + 16) * block_k * 2 * stages <= 160 * 1024 and (warps == 4 or block_n == 128)
 ]
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+FP8_CONFIGS = [GemvRowsConfig(64, 512, 4, 4), GemvRowsConfig(64, 512, 8, 4), GemvRowsConfig(64, 256, 8, 4)]
 
 
 def use(config: GemvRowsConfig | None) -> None:
@@ -85,6 +86,11 @@ def fp8_projection(name: str, rows: int, layers: int) -> None:
         return graph_ms(run) / copies * 1e3
 
     bf16 = us(lambda: [triton_gemv_rows.gemv_rows(x, w, None) for w in weights])
+    wide = []
+    for config in FP8_CONFIGS:  # wider K steps, more warps
+        use(config)
+        wide.append(f"{tuple(config)} {us(lambda: [triton_gemv_rows.gemv_rows(x, q, None, s) for q, s in fp8]):.1f}")
+    use(None)
     gemv = us(lambda: [triton_gemv_rows.gemv_rows(x, q, None, s) for q, s in fp8])
     mm = us(lambda: [scaled_mm(q, s) for q, s in fp8])
     qweight, scale = fp8[0]
@@ -92,7 +98,8 @@ def fp8_projection(name: str, rows: int, layers: int) -> None:
     error = ((triton_gemv_rows.gemv_rows(x, qweight, None, scale).float() - ref).abs().max() / ref.abs().max()).item()
     print(f"{name} [{n} x {k}], {rows} rows: bf16 GEMV {bf16:6.1f} us; FP8 GEMV {gemv:6.1f} us "
           f"({n * k / gemv / 1e6:4.2f} TB/s, {bf16 / gemv:4.2f}x bf16); quantize + _scaled_mm {mm:6.1f} us "
-          f"({mm / gemv:4.2f}x the FP8 GEMV's time); FP8 GEMV max error {error:.1e} of the largest")  # fmt: skip
+          f"({mm / gemv:4.2f}x the FP8 GEMV's time); FP8 GEMV max error {error:.1e} of the largest; other FP8 "
+          f"tiles, us: {'; '.join(wide)}")  # fmt: skip
 
 
 def layer_stack(rows: int, layers: int) -> None:

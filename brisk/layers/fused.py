@@ -39,7 +39,7 @@ def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
 
 
 @functools.cache
-def _has_bf16_tensor_cores(device: torch.device) -> bool:
+def has_bf16_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
@@ -50,7 +50,7 @@ def gemv_rows_ops_for(x: torch.Tensor) -> ModuleType | None:
     (``benchmarks/tune_gemv_rows.py``)."""
     if not x.is_cuda or x.dim() != 2 or not 2 <= x.shape[0] <= GEMV_MAX_ROWS:
         return None
-    return _triton_module("triton_gemv_rows") if _has_bf16_tensor_cores(x.device) else None
+    return _triton_module("triton_gemv_rows") if has_bf16_tensor_cores(x.device) else None
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

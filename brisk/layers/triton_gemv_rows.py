@@ -85,13 +85,13 @@ def gemv_rows_config(
 ) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
-    at both row counts (within 3% of each projection's own best). Other weight sizes take weight tiles of the
-    same bytes: 128 inputs for float32, 512 for FP8 (not yet tuned on a GPU). A GPU with less ``shared_memory`` a
-    block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below two halves the tiles' inputs.
-    ``element_size`` is the input's, ``weight_element_size`` the weight's (default: the same). Cached: an eager
-    step asks once a projection."""
+    at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
+    inputs); FP8 weights the input's 256 (the widened tile is what the registers hold; not yet tuned on a GPU). A
+    GPU with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below
+    two halves the tiles' inputs. ``element_size`` is the input's, ``weight_element_size`` the weight's
+    (default: the same). Cached: an eager step asks once a projection."""
     weight_size = weight_element_size or element_size
-    block_k = 512 // weight_size
+    block_k = 512 // element_size
     stages = MAX_STAGES
     while shared_memory:
         stage_bytes = (64 * weight_size + block_m(rows) * element_size) * block_k

@@ -4,8 +4,8 @@ without CUDA; the CPU suite covers each one's logic):
 - speculative decoding (n-gram and draft model): the plain path's greedy tokens (float32);
 - the FP8 KV cache: the Triton kernels give the torch reference backend's tokens on the same FP8 cache (float32),
   and prefix caching with chunked prefill gives the plain FP8 path's tokens;
-- FP8 weights (``torch._scaled_mm``) and W4A16 weights (the Triton INT GEMM) run end to end, CUDA graphs giving the
-  eager path's tokens (bf16: the same kernels);
+- FP8 weights (``torch._scaled_mm``, the FP8 GEMVs) and W4A16 weights (the Triton INT kernels) run end to end,
+  CUDA graphs giving the eager path's tokens (bf16: the same kernels);
 - a worker process (``distributed_executor_backend="mp"``) gives the in-process engine's tokens;
 - structured outputs and logit bias: the token bitmask and the bias applied on the device.
 """

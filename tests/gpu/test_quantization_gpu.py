@@ -81,16 +81,23 @@ def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
         assert frobenius < FROBENIUS and max_error < MAX_ERROR, (name, max_error, frobenius)
 
 
-@pytest.mark.parametrize(("bits", "rows"), [(4, 1), (4, 16), (8, 1), (8, 7), (4, 17), (4, 256)])
-def test_int_weight_gemm_matches_the_dequantized_weight(bits, rows):
+@pytest.mark.parametrize(
+    ("bits", "rows", "group", "asymmetric"),
+    [(4, 1, 128, True), (8, 1, 128, True), (4, 17, 128, True), (4, 256, 128, True),
+     # the few-row GEMV: several groups a K step, one group a row (per channel), symmetric, 2-bit
+     (4, 16, 128, True), (8, 7, 128, True), (4, 5, 32, True), (4, 8, HIDDEN, False), (8, 2, 64, False),
+     (2, 12, 64, True)],
+)  # fmt: skip
+def test_int_weight_gemm_matches_the_dequantized_weight(bits, rows, group, asymmetric):
     torch.manual_seed(1)
-    out_features, group, per_word = 6144, 128, 32 // bits
+    out_features, per_word = 6144, 32 // bits
     q = torch.randint(0, 2**bits, (out_features, HIDDEN), device=DEV, dtype=torch.int64)
     words = sum(q.view(out_features, -1, per_word)[..., j] << (bits * j) for j in range(per_word))
     packed = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     scales = (torch.rand(out_features, HIDDEN // group, device=DEV) * 0.01).to(BF16)
-    zeros = torch.randint(0, 2**bits, scales.shape, device=DEV, dtype=torch.int32)
-    weight = (q.float() - zeros.float().repeat_interleave(group, 1)) * scales.float().repeat_interleave(group, 1)
+    zeros = torch.randint(0, 2**bits, scales.shape, device=DEV, dtype=torch.int32) if asymmetric else None
+    signed_zeros = zeros.float() if asymmetric else torch.full(scales.shape, 2.0 ** (bits - 1), device=DEV)
+    weight = (q.float() - signed_zeros.repeat_interleave(group, 1)) * scales.float().repeat_interleave(group, 1)
     x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
     out = int_weight_gemm(x, packed, scales, zeros, bits, group)
     assert _rel_err(out, F.linear(x.float(), weight)) < 2e-2

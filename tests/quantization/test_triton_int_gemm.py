@@ -46,6 +46,27 @@ def test_matches_the_dequantized_weight(bits, group, asymmetric, rows, in_featur
 
 
 @pytest.mark.parametrize(
+    ("rows", "group", "takes"),
+    [(1, 128, False), (2, 128, True), (16, 32, True), (17, 128, False), (5, 192, False), (9, 640, True)],
+)
+def test_rows_and_groups_pick_the_few_row_gemv(monkeypatch, rows, group, takes):
+    """2 to 16 rows take the few-row GEMV when their groups tile its 128-value K steps (192 does not); one row
+    takes the one-row GEMV, more than 16 the dequantized weight."""
+    calls = []
+    few_rows = triton_int_gemm._int_weight_gemv_rows
+    monkeypatch.setattr(triton_int_gemm, "_int_weight_gemv_rows", lambda *args: calls.append(args) or few_rows(*args))
+    gen = torch.Generator().manual_seed(rows + group)
+    in_features = 1920  # a multiple of every group here
+    q = torch.randint(-8, 8, (16, in_features), generator=gen, dtype=torch.int8)
+    scales = torch.rand(16, in_features // group, generator=gen) * 0.1
+    x = torch.randn(rows, in_features, generator=gen)
+    out = int_weight_gemm(x, pack_to_int32(q, 4), scales, None, 4, group)
+    weight = q.float() * scales.repeat_interleave(group, 1)
+    torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=2e-3)
+    assert len(calls) == takes
+
+
+@pytest.mark.parametrize(
     ("bits", "group", "asymmetric", "in_features", "config"),
     [
         (4, 128, False, 1024, GemvConfig(4, 32, 1)),  # eight groups of 16 words, two a K step

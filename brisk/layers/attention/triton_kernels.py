@@ -602,8 +602,17 @@ DECODE_MAX_SPLITS = 128
 # heuristic only splits batches of fewer than DECODE_PROGRAMS_PER_SM * SMs such groups, far below this.
 MAX_SPLIT_DECODE_GROUPS = 8192
 # 128-key tiles with 3 pipeline stages keep more loads in flight (3.70 vs 3.61 TB/s at 256 x 820 keys), but
-# need about 192 KB of shared memory for 128-wide heads: Hopper-class GPUs only.
+# need about 192 KB of shared memory for 128-wide heads: Hopper-class GPUs only. An FP8 cache's 128-key tiles in
+# 2 stages hold 64 KB of keys and values: Ada's 99 KB a block has room for them.
 _LARGE_DECODE_TILE_SMEM = 200 * 1024
+_FP8_DECODE_TILE_SMEM = 96 * 1024
+
+
+def _fits(device: torch.device, needed: int) -> bool:
+    """Whether a launch needing ``needed`` bytes of shared memory a block fits; always off a GPU (the
+    interpreter has no limit), so that the CPU tests run the FP8 launch."""
+    limit = shared_memory_per_block(device)
+    return limit == 0 or limit >= needed
 
 
 class DecodeLaunch(NamedTuple):
@@ -629,8 +638,8 @@ def _decode_launch(head_p2: int, num_seqs: int, device: torch.device, fp8: bool 
     if num_seqs > 1 and head_p2 <= 128 and shared_memory_per_block(device) >= _LARGE_DECODE_TILE_SMEM:
         return DecodeLaunch(128, 3, DECODE_MIN_PARTITION, 4)
     small_tile = 64 if head_p2 <= 128 else 32
-    if num_seqs == 1 and fp8 and head_p2 <= 128:
-        return DecodeLaunch(128, 2, 64, 4)
+    if num_seqs == 1 and fp8 and head_p2 <= 128 and _fits(device, _FP8_DECODE_TILE_SMEM):
+        return DecodeLaunch(128, 2, 128, 4)
     if num_seqs == 1:
         return DecodeLaunch(small_tile, 1, 64, 8)
     return DecodeLaunch(small_tile, 2, DECODE_MIN_PARTITION, 4)

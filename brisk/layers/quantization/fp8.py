@@ -36,8 +36,9 @@ class Fp8Config(QuantizationConfig):
 
 class Fp8OnlineLinearMethod:
     """Loads the checkpoint's weight as is, then keeps only its FP8 form (per-output-channel scales). The GEMM
-    quantizes the input per token: ``torch._scaled_mm`` on GPUs with FP8 tensor cores; on other GPUs the weight
-    is dequantized for each call (weight-only FP8); on the CPU the FP8 arithmetic is emulated exactly."""
+    quantizes the input per token: ``torch._scaled_mm`` on GPUs with FP8 tensor cores above 16 rows (up to 16,
+    weight-only FP8 GEMVs that leave the input unquantized); on other GPUs the weight is dequantized for each
+    call (weight-only FP8); on the CPU the FP8 arithmetic is emulated exactly."""
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), requires_grad=False)

@@ -1,6 +1,6 @@
-"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: ``torch._scaled_mm`` on GPUs with FP8 tensor cores, the
-same arithmetic emulated on the CPU (quantize, dequantize, matmul in float32), weight-only dequantization on
-other GPUs."""
+"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: on GPUs with FP8 tensor cores the weight-only FP8 GEMVs
+up to 16 rows and ``torch._scaled_mm`` above, the same arithmetic emulated on the CPU (quantize, dequantize,
+matmul in float32), weight-only dequantization on other GPUs."""
 
 from __future__ import annotations
 

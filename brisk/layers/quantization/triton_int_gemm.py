@@ -18,7 +18,7 @@ instructions and their latency rather than by memory. The sums are float32 sums 
 ``(q - zero) * x``, rounded once to the output dtype.
 
 Tested under ``TRITON_INTERPRET=1`` on the CPU and on an H200 (``tests/gpu``) against the dequantized
-reference."""
+reference (the few-row GEMV on the CPU only so far)."""
 
 from __future__ import annotations
 
@@ -211,7 +211,8 @@ def _int_weight_gemv_rows_kernel(
     """A few rows: each program owns ``BLOCK_N`` outputs of every row, as the few-row GEMV does, and walks K in
     tiles of ``BLOCK_K`` values. Each tile's packed words are unpacked, their zero points taken off and their
     scales applied in float32 (one scale and zero a group, broadcast over its values: ``BLOCK_K`` and ``GROUP``
-    divide one another), rounded once to the input dtype, as ``dequantize_packed`` does, and multiplied on the
+    divide one another), rounded once to the input dtype (``dequantize_packed`` rounds to the scales' dtype, the
+same when they match), and multiplied on the
     tensor cores with the weight tile as the wide operand. The weight's bytes are read once for all rows."""
     PER_WORD: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER_WORD
@@ -254,12 +255,12 @@ GEMV_ROWS_TILE = (64, 128, 4, 3)
 def _gemv_rows_takes(rows: int, group_size: int, device: torch.device) -> bool:
     """Whether ``rows`` rows take the few-row INT GEMV: 2 to ``GEMV_MAX_ROWS`` of them, on the interpreter or a
     GPU with bf16 tensor cores, with groups that tile its K steps (a divisor or a multiple of them)."""
-    from brisk.layers.fused import GEMV_MAX_ROWS
+    from brisk.layers.fused import GEMV_MAX_ROWS, has_bf16_tensor_cores
 
     block_k = GEMV_ROWS_TILE[1]
     if not 2 <= rows <= GEMV_MAX_ROWS or (block_k % group_size and group_size % block_k):
         return False
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type != "cuda" or has_bf16_tensor_cores(device)
 
 
 def _int_weight_gemv_rows(
@@ -288,6 +289,8 @@ def int_weight_gemm(
     group_size: int,
 ) -> torch.Tensor:
     """``x [..., K] @ W^T`` for the packed ``W [N, K]`` described in the module docstring."""
+    for t in (packed, scales, zeros):  # a single column's stride does not matter
+        assert t is None or t.shape[-1] == 1 or t.stride(-1) == 1, "the kernels read rows as runs"
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     M, K = rows.shape
     N = packed.shape[0]

@@ -1,6 +1,7 @@
 """compressed-tensors FP8 (``float-quantized``): FP8 weights with per-tensor or per-channel scales; inputs
 quantized per token at run time (FP8_DYNAMIC), with a static per-tensor scale (FP8), or not at all
-(weight-only FP8)."""
+(weight-only FP8). On GPUs with FP8 tensor cores, up to 16 rows take the weight-only FP8 GEMVs whatever the
+scheme's inputs (small batches are bound by the weight's bytes)."""
 
 from __future__ import annotations
 

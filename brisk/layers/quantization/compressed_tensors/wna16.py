@@ -4,8 +4,8 @@ inputs, a zero point per scale (asymmetric; packed along the output dimension); 
 
 On the CPU the weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors
 does), so the computation equals the library's decompressed model. On CUDA the packed weight stays as loaded:
-one row goes to a Triton GEMV that unpacks it in registers, more rows multiply a dequantized copy with cuBLAS
-(``triton_int_gemm.py``)."""
+one row goes to a Triton GEMV that unpacks it in registers, 2 to 16 rows to a tensor-core GEMV that dequantizes
+each tile in registers, more rows multiply a dequantized copy with cuBLAS (``triton_int_gemm.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import add_param, check_group_size, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported, weight_strategy
-from brisk.layers.quantization.packed_int import unpack_int32
+from brisk.layers.quantization.packed_int import unpack_int32, use_int_kernels
 
 SUPPORTED_BITS = (2, 4, 8)  # whole values per int32 word
 
@@ -78,11 +78,12 @@ class CompressedTensorsWNA16:
             )
         # CUDA: the packed words stay as loaded for the Triton dequantizing GEMM, which takes unsigned zero
         # points. Elsewhere: unpacked once, dequantized per matmul.
-        self.use_kernel = layer.weight_packed.is_cuda
+        self.use_kernel = use_int_kernels(layer.weight_packed)
         if not self.symmetric:
             zeros = unpack_signed(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
             offset = 1 << (self.num_bits - 1)
-            replace_param(layer, "weight_zero_point", zeros.int() + offset if self.use_kernel else zeros)
+            # Unpacked along the outputs, the zero points come out transposed in memory; the kernels read rows.
+            replace_param(layer, "weight_zero_point", (zeros.int() + offset).contiguous() if self.use_kernel else zeros)
         if not self.use_kernel:
             qweight = unpack_signed(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
             replace_param(layer, "weight_q", qweight)
