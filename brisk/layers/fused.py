@@ -53,6 +53,22 @@ def gemv_rows_ops_for(x: torch.Tensor) -> ModuleType | None:
     return _triton_module("triton_gemv_rows") if has_bf16_tensor_cores(x.device) else None
 
 
+def scaled_dense(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """``x (weight * weight_scale)^T + bias`` for an 8-bit ``weight`` (FP8 or INT8, a float32 scale per output
+    row) through the weight-only GEMVs, where ``gemv_ops_for`` or ``gemv_rows_ops_for`` picks one; else None
+    (the caller's GEMM). A few rows are bound by the weight's bytes, which these read once, widened in
+    registers, leaving the input unquantized."""
+    gemv = gemv_ops_for(x)
+    if gemv is not None:
+        return gemv.gemv(x, weight, bias, weight_scale.reshape(-1))
+    gemv_rows = gemv_rows_ops_for(x)
+    if gemv_rows is not None:
+        return gemv_rows.gemv_rows(x, weight, bias, weight_scale)
+    return None
+
+
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, as a Triton GEMV when ``gemv_ops_for`` or ``gemv_rows_ops_for`` picks one."""
     gemv = gemv_ops_for(x)

@@ -7,11 +7,12 @@ at 3.0 to 3.5 (``benchmarks/tune_gemv_rows.py``). The weight is the tensor core'
 x_tile^T``), so its rows fill the tile's 64 rows and the input rows only the narrow side, padded to 16; each
 program owns ``BLOCK_N`` outputs of every row and streams its weight rows through K in pipelined tiles.
 
-FP8 weights (``float8_e4m3fn`` with a float32 scale per output row, as ``quantization="fp8"`` keeps them) are
-widened to the input's dtype in registers and the scale applied to each output: weight-only FP8, which reads
-half of bf16's bytes and leaves the input unquantized, as the one-row GEMV does. ``torch._scaled_mm`` at these
-row counts was no faster than the bf16 GEMV on the H200 (122 against 124 ms in a decode profile at batch 8),
-and it needs the input quantized first.
+FP8 and INT8 weights (``float8_e4m3fn`` or ``int8``, a float32 scale per output row, as ``quantization="fp8"``
+and compressed-tensors' FP8 and W8A8 keep them) are widened to the input's dtype in registers (exactly: both fit
+in 16 bits) and the scale is applied to each output: weight-only 8-bit, which reads half of bf16's bytes and
+leaves the input unquantized, as the one-row GEMV does. ``torch._scaled_mm`` at these row counts was no faster
+than the bf16 GEMV on the H200 (122 against 124 ms in a decode profile at batch 8), and it needs the input
+quantized first.
 
 Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
 kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip
@@ -105,10 +106,11 @@ def gemv_rows_config(
 def gemv_rows(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an FP8
-    ``weight`` is multiplied by its float32 ``weight_scale`` (one per output row) before the bias is added."""
+    """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an 8-bit
+    ``weight`` (FP8 or INT8) is multiplied by its float32 ``weight_scale`` (one per output row) before the bias
+    is added."""
     assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
-    assert (weight_scale is not None) == (weight.dtype == torch.float8_e4m3fn), "FP8 weights come with a scale"
+    assert (weight_scale is not None) == (weight.element_size() == 1), "8-bit weights come with a scale"
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

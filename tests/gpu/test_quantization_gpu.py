@@ -101,3 +101,21 @@ def test_int_weight_gemm_matches_the_dequantized_weight(bits, rows, group, asymm
     x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
     out = int_weight_gemm(x, packed, scales, zeros, bits, group)
     assert _rel_err(out, F.linear(x.float(), weight)) < 2e-2
+
+
+@pytest.mark.parametrize("rows", [1, 7, 16])
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_8bit_weight_gemvs_match_the_dequantized_weight(fmt, rows):
+    """The weight-only GEMVs that FP8 and W8A8 INT8 layers take up to 16 rows (``fused.scaled_dense``), against
+    the float64 product of the unquantized input and the dequantized weight."""
+    from brisk.layers.fused import scaled_dense
+    from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row
+
+    torch.manual_seed(2)
+    weight = 0.02 * torch.randn(6144, HIDDEN, device=DEV, dtype=BF16)
+    qw, scale = quantize_fp8_per_row(weight) if fmt == "fp8" else quantize_int8_per_row(weight)
+    x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
+    out = scaled_dense(x, qw, scale)
+    assert out is not None
+    max_error, frobenius = _errors(out, F.linear(x.double(), dequantize(qw, scale).double()))
+    assert frobenius < FROBENIUS and max_error < MAX_ERROR, (max_error, frobenius)

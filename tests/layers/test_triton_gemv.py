@@ -84,13 +84,16 @@ def test_gemv_is_chosen_only_for_one_row_on_a_gpu():
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_fp8_weight_gemv_matches_the_dequantized_weight(n, k):
-    """FP8 weights with a float32 scale per output row (weight-only FP8 at batch 1), fused prologue included."""
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_8bit_weight_gemv_matches_the_dequantized_weight(n, k, fmt):
+    """FP8 or INT8 weights with a float32 scale per output row (weight-only at batch 1), fused prologue
+    included."""
+    from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row
     from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
 
     torch.manual_seed(n - k)
     weight, bias = _weights(n, k)
-    qweight, scale = quantize_fp8_per_row(weight)
+    qweight, scale = quantize_fp8_per_row(weight) if fmt == "fp8" else quantize_int8_per_row(weight)
     reference = dequantize(qweight, scale)
     x = torch.randn(1, k, device=DEVICE)
     out = triton_gemv.gemv(x, qweight, bias, scale.view(-1))

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 triton_gemv_rows = pytest.importorskip("brisk.layers.triton_gemv_rows")
 
 from brisk.layers.fused import GEMV_MAX_ROWS, gemv_ops_for, gemv_rows_ops_for  # noqa: E402
+from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row  # noqa: E402
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
 from brisk.worker.cuda_graphs import capture_sizes  # noqa: E402
 
@@ -30,11 +31,14 @@ def test_gemv_rows_matches_linear(m, n, k, with_bias):
 
 
 @pytest.mark.parametrize("m,n,k", [*CASES[:3], (4, 70, 700)])  # 700 inputs: two full K steps and a partial one
-def test_fp8_weights_match_the_dequantized_weight(m, n, k):
-    """FP8 weights with a scale per output row (as ``quantization="fp8"`` keeps them): the GEMV equals the linear
-    layer of the dequantized weight, the input unquantized (weight-only FP8); without the scale it fails."""
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_8bit_weights_match_the_dequantized_weight(m, n, k, fmt):
+    """FP8 or INT8 weights with a scale per output row (as ``quantization="fp8"`` and compressed-tensors' W8A8
+    keep them): the GEMV equals the linear layer of the dequantized weight, the input unquantized (weight-only);
+    without the scale it fails."""
     torch.manual_seed(m + n + k)
-    qweight, scale = quantize_fp8_per_row(torch.randn(n, k, device=DEVICE) / k**0.5)
+    weight = torch.randn(n, k, device=DEVICE) / k**0.5
+    qweight, scale = quantize_fp8_per_row(weight) if fmt == "fp8" else quantize_int8_per_row(weight)
     x, bias = torch.randn(m, k, device=DEVICE), torch.randn(n, device=DEVICE)
     out = triton_gemv_rows.gemv_rows(x, qweight, bias, scale)
     torch.testing.assert_close(out, F.linear(x, dequantize(qweight, scale), bias), atol=1e-4, rtol=1e-4)

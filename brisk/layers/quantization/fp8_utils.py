@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brisk.layers.fused import GEMV_MAX_ROWS
+from brisk.layers.fused import scaled_dense
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -51,7 +51,7 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x W^T + b`` with FP8 ``weight`` (N, K) and float32 ``weight_scale`` (N, 1); the input is quantized per
     token (``input_scale`` None) or with the static per-tensor ``input_scale``. ``native``: ``torch._scaled_mm``
-    (GPU with FP8 tensor cores), or up to ``GEMV_MAX_ROWS`` rows the weight-only FP8 GEMVs (the input stays
+    (GPU with FP8 tensor cores), or up to 16 rows the weight-only FP8 GEMVs (the input stays
     unquantized); otherwise the same quantization with the product computed in float32."""
     rows = x.reshape(-1, x.shape[-1])
     if native:
@@ -74,18 +74,15 @@ def _native_fp8_linear(
     bias: torch.Tensor | None,
     input_scale: torch.Tensor | None,
 ) -> torch.Tensor:
-    """FP8 tensor cores: up to ``GEMV_MAX_ROWS`` rows go to the weight-only FP8 GEMVs (small batches are
+    """FP8 tensor cores: up to ``fused.GEMV_MAX_ROWS`` rows go to the weight-only FP8 GEMVs (small batches are
     weight-bound: they read half of bf16's bytes and keep the input unquantized); more rows are quantized in one
     Triton launch (bit for bit the torch quantization) and multiplied by ``torch._scaled_mm`` with row-wise
     scales, which writes bf16."""
     from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
-    from brisk.layers.triton_gemv import gemv
-    from brisk.layers.triton_gemv_rows import gemv_rows
 
-    if rows.shape[0] == 1:
-        return gemv(rows, weight, bias, weight_scale.reshape(-1))
-    if rows.shape[0] <= GEMV_MAX_ROWS:
-        return gemv_rows(rows, weight, bias, weight_scale)
+    out = scaled_dense(rows, weight, weight_scale, bias)  # FP8 tensor cores imply the GEMVs' compute capability
+    if out is not None:
+        return out
     xq, x_scale = quantize_fp8_rows(rows.contiguous(), input_scale)
     out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale.reshape(1, -1), out_dtype=torch.bfloat16

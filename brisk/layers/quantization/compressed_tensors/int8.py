@@ -3,8 +3,9 @@ quantized to int8 per token at run time (or with a static per-tensor scale). Sym
 W8A8 preset makes them.
 
 CPU: the int8 arithmetic emulated exactly (quantize, dequantize, float32 matmul). CUDA: ``torch._int_mm`` with
-int32 accumulation for more than 16 rows (written for the GPU, not run on the CPU test machine), the dequantized
-form otherwise."""
+int32 accumulation for more than 16 rows (written for the GPU, not run on the CPU test machine); up to 16 the
+weight-only INT8 GEMVs of ``layers/fused.py``'s ``scaled_dense`` (small batches are bound by the weight's bytes,
+and the input stays unquantized, as FP8's do), else the dequantized form."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from brisk.layers.fused import GEMV_MAX_ROWS, scaled_dense
 from brisk.layers.quantization.compressed_tensors.schemes import (
     EightBitWeights,
     unsupported,
@@ -52,12 +54,15 @@ class CompressedTensorsW8A8Int8(EightBitWeights):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
+        out = scaled_dense(rows, layer.weight, layer.weight_scale, bias) if rows.shape[0] <= GEMV_MAX_ROWS else None
+        if out is not None:
+            return out.reshape(*x.shape[:-1], out.shape[-1])
         if self.static_input:
             x_scale = layer.input_scale.expand(rows.shape[0], 1)
             xq = quantize_int8(rows, layer.input_scale)
         else:
             xq, x_scale = quantize_int8_per_row(rows)
-        if rows.is_cuda and rows.shape[0] > 16:
+        if rows.is_cuda and rows.shape[0] > GEMV_MAX_ROWS:
             acc = torch._int_mm(xq, layer.weight.t()).float()
             out = (acc * x_scale * layer.weight_scale.reshape(1, -1)).to(x.dtype)
         else:
