@@ -4,7 +4,7 @@ the Llama-3.1-8B projections: time per projection and the bandwidth it reaches, 
 
     python benchmarks/tune_int_gemv.py [--bits 4] [--group 128] [--rows 4,16]
 
-``--rows``: the few-row INT GEMV (``GEMV_ROWS_TILE`` and a few other tiles) at those row counts, beside
+``--rows``: the few-row INT GEMV (``gemv_rows_tile``'s choice and other tiles) at those row counts, beside
 dequantizing for cuBLAS (what those rows took before it) and the bf16 and FP8 few-row GEMVs.
 """
 
@@ -25,7 +25,7 @@ from brisk.layers import triton_gemv, triton_gemv_rows  # noqa: E402
 from brisk.layers.quantization import triton_int_gemm  # noqa: E402
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
 from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows  # noqa: E402
-from brisk.layers.quantization.triton_int_gemm import GemvConfig  # noqa: E402
+from brisk.layers.quantization.triton_int_gemm import GemvConfig, RowsTile  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 # (block_n, words, num_warps): words / (32 * num_warps) packed words a lane in each row.
@@ -80,7 +80,9 @@ def sweep(bits: int, group: int, rounds: int = 2) -> None:
           f"gemv_config's per-shape choice: {rule * 1e3:.0f} us")  # fmt: skip
 
 
-ROWS_TILES = [(64, 128, 4, 3), (64, 256, 4, 3), (32, 128, 4, 4), (64, 128, 8, 3), (128, 128, 8, 2)]
+ROWS_TILES = [RowsTile(*t) for t in [(64, 128, 4, 3), (64, 256, 4, 3), (32, 128, 4, 4), (32, 256, 4, 3),
+                                    (32, 256, 4, 4), (32, 128, 4, 3), (32, 128, 2, 4), (64, 256, 4, 4),
+                                    (64, 256, 8, 3), (128, 128, 8, 2)]]  # fmt: skip
 
 
 def dequantized_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bits: int, group: int):
@@ -91,7 +93,7 @@ def few_rows(bits: int, group: int, rows: int) -> None:
     """us per projection at ``rows`` rows: the few-row INT GEMV for each tile of ``ROWS_TILES``, dequantizing
     into bf16 for cuBLAS, and the bf16 and FP8 few-row GEMVs."""
     torch.manual_seed(0)
-    dev, per_word, default = "cuda", 32 // bits, triton_int_gemm.GEMV_ROWS_TILE
+    dev, per_word = "cuda", 32 // bits
     warm_up()
     for name, (n, k) in SHAPES.items():
         packed = torch.randint(-(2**31), 2**31 - 1, (n, k // per_word), device=dev, dtype=torch.int32)
@@ -100,11 +102,11 @@ def few_rows(bits: int, group: int, rows: int) -> None:
         bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.01
         fp8, scale = quantize_fp8_per_row(bf16)
         line = [f"{name:8s} {n}x{k}, {rows} rows:"]
-        for tile in ROWS_TILES:
+        for tile in [*ROWS_TILES, None]:  # None: the module's gemv_rows_tile rule
             triton_int_gemm.GEMV_ROWS_TILE = tile
             ms = do_bench(partial(triton_int_gemm.int_weight_gemm, x, packed, scales, None, bits, group))
-            line.append(f"INT{bits} {tile} {ms * 1e3:.1f} us")
-        triton_int_gemm.GEMV_ROWS_TILE = default
+            line.append(f"INT{bits} {tuple(tile) if tile else 'gemv_rows_tile'} {ms * 1e3:.1f} us")
+        triton_int_gemm.GEMV_ROWS_TILE = None
         dequantized = partial(dequantized_linear, x, packed, scales, bits, group)
         for label, call in [("dequantize + cuBLAS", dequantized),
                             ("bf16 GEMV", partial(triton_gemv_rows.gemv_rows, x, bf16, None)),

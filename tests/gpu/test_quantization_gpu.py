@@ -9,7 +9,6 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from brisk.layers.fused import GEMV_MAX_ROWS  # noqa: E402
 from brisk.layers.quantization.fp8_utils import (  # noqa: E402
     dequantize,
     fp8_linear,
@@ -46,8 +45,8 @@ FROBENIUS, MAX_ERROR = 3e-3, 1e-2
 
 @pytest.mark.parametrize("rows", [1, 7, 16, 17, 256])
 def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
-    """The native FP8 GEMM (``torch._scaled_mm`` with row-wise scales, bf16 out; up to ``GEMV_MAX_ROWS`` rows the
-    weight-only FP8 GEMVs, whose input stays unquantized) and the float32 emulation, each against the float64
+    """The native FP8 GEMM (``torch._scaled_mm`` with row-wise scales, bf16 out; at one row the weight-only FP8
+    GEMV, whose input stays unquantized) and the float32 emulation, each against the float64
     product of the dequantized FP8 operands it multiplies. The native path's input (the Triton quantization)
     must hold the values of torch's on the CPU (on an H200 it wrote +0 for some tiny negative inputs where torch
     writes -0).
@@ -61,7 +60,7 @@ def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
     x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
     qw, scale = quantize_fp8_per_row(0.02 * torch.randn(6144, HIDDEN, device=DEV, dtype=BF16))
     weight = dequantize(qw, scale).double()
-    if rows <= GEMV_MAX_ROWS:
+    if rows == 1:
         native_exact = F.linear(x.double(), weight)
     else:
         xq, x_scale = quantize_fp8_rows(x)
@@ -106,8 +105,9 @@ def test_int_weight_gemm_matches_the_dequantized_weight(bits, rows, group, asymm
 @pytest.mark.parametrize("rows", [1, 7, 16])
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
 def test_8bit_weight_gemvs_match_the_dequantized_weight(fmt, rows):
-    """The weight-only GEMVs that FP8 and W8A8 INT8 layers take up to 16 rows (``fused.scaled_dense``), against
-    the float64 product of the unquantized input and the dequantized weight."""
+    """The weight-only 8-bit GEMVs (``fused.scaled_dense``) that W8A8 INT8 layers take up to 16 rows and FP8
+    layers at one row (the few-row kernel takes FP8 weights too), against the float64 product of the
+    unquantized input and the dequantized weight."""
     from brisk.layers.fused import scaled_dense
     from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row
 

@@ -148,6 +148,22 @@ def test_long_chunks_with_an_fp8_cache():
     assert err < 2e-2
 
 
+@pytest.mark.parametrize("batch,ctx", [(1, 32000), (8, 32000), (256, 820)])
+def test_bf16_decode_over_an_fp8_cache(batch, ctx):
+    """The decode kernel over an FP8 cache (fp16 products from 2 sequences on, bf16 at batch 1) against the torch
+    reference in float32 over the same FP8 cache and bf16 inputs, at W4's and W1's shapes."""
+    q, k, v, cache, md = make_step([(ctx, 1)] * batch)
+    fp8 = cache.to(torch.float8_e4m3fn)
+    outs = []
+    for impl_cls, args in ((TorchAttentionImpl, (q.float(), k.float(), v.float())), (TritonAttentionImpl, (q, k, v))):
+        impl = impl_cls(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, SCALE)
+        impl.k_scale = impl.v_scale = 0.5
+        outs.append(impl.forward(*args, fp8.clone(), md).float())
+    err = (outs[1] - outs[0]).abs().max().item()
+    print(f"\n  fp8 cache, decode {batch} x {ctx}: max|triton-fp32ref| {err:.2e}")
+    assert err < 2e-2
+
+
 def test_fp16_and_other_head_sizes():
     check("fp16 mixed", [(2000, 300), (513, 1), (77, 77)], dtype=torch.float16)
     for head_size, qpk in [(64, 4), (256, 2), (128, 1), (128, 7)]:

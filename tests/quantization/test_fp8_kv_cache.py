@@ -1,7 +1,6 @@
 """``kv_cache_dtype="fp8"``: keys and values stored as float8_e4m3fn (divided by the layer's scale), read back
 by the torch backend; capacity, scheduling equivalence and errors through the engine."""
 
-
 import pytest
 import torch
 import triton
@@ -159,6 +158,25 @@ def test_triton_backend_matches_torch_backend_over_fp8(seqs, rotary):
     assert cache.dtype == FP8_DTYPE
     assert torch.equal(cache.view(torch.uint8), ref_cache.view(torch.uint8))
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)
+
+
+def test_bf16_decode_over_fp8_multiplies_in_fp16():
+    """A bf16 batch over an FP8 cache: the split decode kernel multiplies its tiles in fp16 (the query clamped to
+    fp16's range), within bf16's rounding of the float32 reference over the same bf16 inputs and cache."""
+    seqs = [(40, 1), (7, 1), (70, 1)]
+    num_heads, num_kv_heads, head_size = 6, 2, 48
+    q, k, v, cache, md = make_batch(seqs, num_heads, num_kv_heads, head_size, 8, seed=5, dtype=torch.bfloat16)
+    q[0, 0] = 1e5  # beyond fp16's range: clamped, not turned into inf or NaN
+    fp8 = torch.stack([quantize_kv(torch.nan_to_num(cache[0]).float(), 0.25),
+                       quantize_kv(torch.nan_to_num(cache[1]).float(), 0.5)])  # fmt: skip
+    outs = []
+    for cls, args in ((TorchAttentionImpl, (q.float(), k.float(), v.float())), (TritonAttentionImpl, (q, k, v))):
+        impl = cls(num_heads, num_kv_heads, head_size, head_size**-0.5)
+        impl.k_scale, impl.v_scale = 0.25, 0.5
+        outs.append(impl.forward(*args, fp8.clone(), md).float())
+    ref, out = outs
+    assert out.isfinite().all()
+    torch.testing.assert_close(out, ref, rtol=0, atol=2e-2)
 
 
 @triton.jit

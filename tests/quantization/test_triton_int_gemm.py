@@ -8,7 +8,7 @@ import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
 from brisk.layers.quantization import triton_int_gemm
-from brisk.layers.quantization.triton_int_gemm import GemvConfig, int_weight_gemm
+from brisk.layers.quantization.triton_int_gemm import GemvConfig, gemv_rows_tile, int_weight_gemm
 
 
 @pytest.mark.parametrize(
@@ -63,6 +63,32 @@ def test_rows_and_groups_pick_the_few_row_gemv(monkeypatch, rows, group, takes):
     out = int_weight_gemm(x, pack_to_int32(q, 4), scales, None, 4, group)
     weight = q.float() * scales.repeat_interleave(group, 1)
     torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=2e-3)
+    assert len(calls) == takes
+
+
+@pytest.mark.parametrize(
+    ("bits", "group", "in_features", "takes"),
+    [(4, 32, 1152, True), (4, 128, 640, True), (8, 512, 1024, True), (2, 64, 768, True), (4, 192, 768, False)],
+)
+def test_wide_projections_tile_matches_the_dequantized_weight(monkeypatch, bits, group, in_features, takes):
+    """The tile ``gemv_rows_tile`` gives projections of 16,384 outputs or more (256-value K steps; 64 outputs a
+    program), on 70 outputs and 6 rows: eight groups a step, a step per two groups and a half-full last step,
+    a group over two steps; groups that tile neither way (192) are dequantized for cuBLAS instead."""
+    tile = gemv_rows_tile(16384)
+    assert tile.block_k == 256
+    monkeypatch.setattr(triton_int_gemm, "GEMV_ROWS_TILE", tile)
+    calls = []
+    few_rows = triton_int_gemm._int_weight_gemv_rows
+    monkeypatch.setattr(triton_int_gemm, "_int_weight_gemv_rows", lambda *args: calls.append(args) or few_rows(*args))
+    gen = torch.Generator().manual_seed(bits + group + in_features)
+    offset = 1 << (bits - 1)
+    q = torch.randint(-offset, offset, (70, in_features), generator=gen, dtype=torch.int8)
+    scales = torch.rand(70, in_features // group, generator=gen) * 0.1
+    zeros = torch.randint(-offset, offset, scales.shape, generator=gen, dtype=torch.int8)
+    weight = (q.float() - zeros.float().repeat_interleave(group, 1)) * scales.repeat_interleave(group, 1)
+    x = torch.randn(6, in_features, generator=gen)
+    out = int_weight_gemm(x, pack_to_int32(q, bits), scales, zeros.int() + offset, bits, group)
+    torch.testing.assert_close(out, x @ weight.T, rtol=0, atol=1e-4 * in_features / 128)
     assert len(calls) == takes
 
 

@@ -456,7 +456,7 @@ def _decode_attention_kernel(
     QUERIES_PER_KV: tl.constexpr, QH_P2: tl.constexpr, QPK_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_SIZE: tl.constexpr, HEAD_P2: tl.constexpr, TILE_N: tl.constexpr, ONE_SPLIT: tl.constexpr,
     MIN_PARTITION: tl.constexpr, SPLIT_TILE: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, FP8_KV: tl.constexpr,
+    PRELOAD: tl.constexpr, USE_PDL: tl.constexpr, FP8_KV: tl.constexpr, FP16_DOT: tl.constexpr,
 ):  # fmt: skip
     """Program (sequence, kv head, split): the GQA group's queries (rotated here) over the split's cached keys;
     the split that holds the new token takes its key and value from this step's input rather than the cache,
@@ -519,6 +519,8 @@ def _decode_attention_kernel(
     io_mask = h_mask[:, None] & (offs_d < HEAD_SIZE)[None, :]
     holds_new_token = (end == seq_len) & (seq_len > 0)  # seq_len 0: an empty row
     q = _head_rows(q_ptr + q_tok * stride_qt, head, stride_qh, h_mask, offs_d, cos, sin, HEAD_SIZE, ROTARY)
+    if FP16_DOT:  # the tiles' products in fp16 (``decode_attention`` says when and why)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     kv_rows = kv_head + offs_h * 0  # every row is this kv head: the new key broadcasts over the query rows
     new_mask = h_mask & ((offs_h * 0 + holds_new_token) != 0)  # a tensor: the interpreter masks with tensors only
     if PRELOAD:  # batch 1: the new key and value in the query's round trip
@@ -879,6 +881,12 @@ def decode_attention(
     qpk_p2 = triton.next_power_of_2(qpk)
     # The merge holds [heads of a group, SPLIT_TILE partitions, head_p2] fp32 values: about 32 per thread.
     split_tile = max(1, min(triton.next_power_of_2(num_splits), 32 * 32 * num_warps // (qpk_p2 * head_p2)))
+    # A bf16 step over an FP8 cache multiplies its tiles in fp16 (the query clamped to fp16's range once; cached
+    # values are at most 448 and probabilities at most 1): the cache widens to fp16 in one instruction a pair of
+    # values, to bf16 only through float32, and on the H200 that conversion bound the kernel: 8 x 32,000 keys
+    # in 200.6 against 272.8 us, 256 x 820 in 221.2 against 282.6 (twentieth run). Batch 1 keeps bf16: its own
+    # launch ran 2x slower in fp16 (113.1 against 58.6 us over 32,000 keys).
+    fp16_dot = _is_fp8(kv_cache) and query.dtype == torch.bfloat16 and num_seqs > 1
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, key, value, k_cache, v_cache, output, part_out, part_lse, counters,
         metadata.block_tables, metadata.seq_lens, metadata.query_start_loc, metadata.slot_mapping, cos, sin, positions,
@@ -889,7 +897,7 @@ def decode_attention(
         QUERIES_PER_KV=qpk, QH_P2=max(16, qpk_p2), QPK_P2=qpk_p2, BLOCK_SIZE=block_size, HEAD_SIZE=head_size,
         HEAD_P2=head_p2, TILE_N=tile_n, ONE_SPLIT=num_splits == 1, MIN_PARTITION=min_partition, SPLIT_TILE=split_tile,
         ROTARY=rotary is not None, DOT_PRECISION=_dot_precision(query.dtype), PRELOAD=num_seqs == 1,
-        FP8_KV=_is_fp8(kv_cache), num_warps=num_warps, num_stages=num_stages,
+        FP8_KV=_is_fp8(kv_cache), FP16_DOT=fp16_dot, num_warps=num_warps, num_stages=num_stages,
         **pdl_launch_options(query.device, num_seqs),
     )  # fmt: skip
     return output

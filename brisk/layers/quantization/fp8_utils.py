@@ -1,5 +1,5 @@
-"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: on GPUs with FP8 tensor cores the weight-only FP8 GEMVs
-up to 16 rows and ``torch._scaled_mm`` above, the same arithmetic emulated on the CPU (quantize, dequantize,
+"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: on GPUs with FP8 tensor cores the weight-only FP8 GEMV
+at one row and ``torch._scaled_mm`` above, the same arithmetic emulated on the CPU (quantize, dequantize,
 matmul in float32), weight-only dequantization on other GPUs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brisk.layers.fused import scaled_dense
+from brisk.layers.fused import gemv_ops_for
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -51,8 +51,8 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x W^T + b`` with FP8 ``weight`` (N, K) and float32 ``weight_scale`` (N, 1); the input is quantized per
     token (``input_scale`` None) or with the static per-tensor ``input_scale``. ``native``: ``torch._scaled_mm``
-    (GPU with FP8 tensor cores), or up to 16 rows the weight-only FP8 GEMVs (the input stays
-    unquantized); otherwise the same quantization with the product computed in float32."""
+    (GPU with FP8 tensor cores), or at one row the weight-only FP8 GEMV (the input stays unquantized);
+    otherwise the same quantization with the product computed in float32."""
     rows = x.reshape(-1, x.shape[-1])
     if native:
         out = _native_fp8_linear(rows, weight, weight_scale, bias, input_scale).to(x.dtype)
@@ -74,15 +74,17 @@ def _native_fp8_linear(
     bias: torch.Tensor | None,
     input_scale: torch.Tensor | None,
 ) -> torch.Tensor:
-    """FP8 tensor cores: up to ``fused.GEMV_MAX_ROWS`` rows go to the weight-only FP8 GEMVs (small batches are
-    weight-bound: they read half of bf16's bytes and keep the input unquantized); more rows are quantized in one
-    Triton launch (bit for bit the torch quantization) and multiplied by ``torch._scaled_mm`` with row-wise
-    scales, which writes bf16."""
+    """FP8 tensor cores: one row (batch-1 decode) goes to the weight-only FP8 GEMV, which reads half of bf16's
+    bytes and keeps the input unquantized; more rows are quantized in one Triton launch (bit for bit the torch
+    quantization) and multiplied by ``torch._scaled_mm`` with row-wise scales, which writes bf16. At 8 and 16
+    rows the few-row FP8 GEMV was slower than that on the H200 (qkv 21.0 against 20.4 us, o 20.7 against 16.2,
+    down 64.4 against 49.0: ``tune_gemv_rows.py --fp8-rows``, twentieth run), so those rows stay on
+    ``_scaled_mm``."""
     from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
 
-    out = scaled_dense(rows, weight, weight_scale, bias)  # FP8 tensor cores imply the GEMVs' compute capability
-    if out is not None:
-        return out
+    gemv = gemv_ops_for(rows)  # FP8 tensor cores imply the GEMV's compute capability
+    if gemv is not None:
+        return gemv.gemv(rows, weight, bias, weight_scale.reshape(-1))
     xq, x_scale = quantize_fp8_rows(rows.contiguous(), input_scale)
     out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale.reshape(1, -1), out_dtype=torch.bfloat16

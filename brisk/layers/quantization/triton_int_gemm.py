@@ -212,8 +212,8 @@ def _int_weight_gemv_rows_kernel(
     tiles of ``BLOCK_K`` values. Each tile's packed words are unpacked, their zero points taken off and their
     scales applied in float32 (one scale and zero a group, broadcast over its values: ``BLOCK_K`` and ``GROUP``
     divide one another), rounded once to the input dtype (``dequantize_packed`` rounds to the scales' dtype, the
-same when they match), and multiplied on the
-    tensor cores with the weight tile as the wide operand. The weight's bytes are read once for all rows."""
+    same when they match), and multiplied on the tensor cores with the weight tile as the wide operand. The
+    weight's bytes are read once for all rows."""
     PER_WORD: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PER_WORD
     TILE_GROUP: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K  # values of a tile under one scale
@@ -247,30 +247,54 @@ same when they match), and multiplied on the
              mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
 
 
-# The few-row INT GEMV's tile: outputs a program computes, values a K step, warps, pipeline stages (a lead after
-# the bf16 few-row GEMV's measured 64 outputs; not yet measured for integer weights).
-GEMV_ROWS_TILE = (64, 128, 4, 3)
+class RowsTile(NamedTuple):
+    """The few-row INT GEMV's tile: outputs a program computes, values a K step, warps, pipeline stages."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
 
 
-def _gemv_rows_takes(rows: int, group_size: int, device: torch.device) -> bool:
-    """Whether ``rows`` rows take the few-row INT GEMV: 2 to ``GEMV_MAX_ROWS`` of them, on the interpreter or a
-    GPU with bf16 tensor cores, with groups that tile its K steps (a divisor or a multiple of them)."""
+def gemv_rows_tile(n: int) -> RowsTile:
+    """Measured on the H200 at 4 and 16 rows over the 8B projections (``tune_int_gemv.py --rows``, twentieth
+    run; INT4, groups of 128): the wide gate/up projection (28,672 outputs) is fastest with 64 outputs and
+    256-value steps (89.9 us against 110.6 with 32 x 128), the others with 32 outputs and 128-value steps in 4
+    stages (o 27.6 against 34.8 us, down 83.3 against 107.5, qkv within 10% either way), which keeps more
+    programs on the SMs."""
+    return RowsTile(64, 256, 4, 3) if n >= 16384 else RowsTile(32, 128, 4, 4)
+
+
+# The few-row tile for every shape when set (benchmarks/tune_int_gemv.py sweeps it), else gemv_rows_tile's.
+GEMV_ROWS_TILE: RowsTile | None = None
+
+
+def _gemv_rows_takes(rows: int, n: int, group_size: int, device: torch.device) -> RowsTile | None:
+    """The tile of the few-row INT GEMV when ``rows`` rows take it: 2 to ``GEMV_MAX_ROWS`` of them, on the
+    interpreter or a GPU with bf16 tensor cores, with groups that tile its K steps (a divisor or a multiple of
+    them); else None."""
     from brisk.layers.fused import GEMV_MAX_ROWS, has_bf16_tensor_cores
 
-    block_k = GEMV_ROWS_TILE[1]
-    if not 2 <= rows <= GEMV_MAX_ROWS or (block_k % group_size and group_size % block_k):
-        return False
-    return device.type != "cuda" or has_bf16_tensor_cores(device)
+    tile = GEMV_ROWS_TILE or gemv_rows_tile(n)
+    if not 2 <= rows <= GEMV_MAX_ROWS or (tile.block_k % group_size and group_size % tile.block_k):
+        return None
+    return tile if device.type != "cuda" or has_bf16_tensor_cores(device) else None
 
 
 def _int_weight_gemv_rows(
-    rows: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group: int
+    rows: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    bits: int,
+    group: int,
+    tile: RowsTile,
 ) -> torch.Tensor:
     m, k = rows.shape
     n = packed.shape[0]
     out = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
     zeros_arg = zeros if zeros is not None else scales
-    block_n, block_k, warps, stages = GEMV_ROWS_TILE
+    block_n, block_k, warps, stages = tile
     _int_weight_gemv_rows_kernel[(triton.cdiv(n, block_n),)](
         rows, packed, scales, zeros_arg, out, m, n, k, rows.stride(0), packed.stride(0), scales.stride(0),
         zeros_arg.stride(0), BITS=bits, GROUP=group, HAS_ZEROS=zeros is not None,
@@ -304,8 +328,9 @@ def int_weight_gemm(
             WORDS=config.words, EVEN_K=packed.shape[1] % config.words == 0, num_warps=config.num_warps,
         )  # fmt: skip
         return out.reshape(*x.shape[:-1], N)
-    if _gemv_rows_takes(M, group_size, x.device):
-        return _int_weight_gemv_rows(rows, packed, scales, zeros, bits, group_size).reshape(*x.shape[:-1], N)
+    tile = _gemv_rows_takes(M, N, group_size, x.device)
+    if tile is not None:
+        return _int_weight_gemv_rows(rows, packed, scales, zeros, bits, group_size, tile).reshape(*x.shape[:-1], N)
     # More rows: dequantize once into the activation dtype and let cuBLAS multiply (the weight's extra bytes are
     # read once for all rows; a kernel dequantizing inside the tensor-core loop redoes it per row tile).
     return F.linear(rows, dequantize_packed(packed, scales, zeros, bits, group_size).to(x.dtype)).reshape(

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.fused import GEMV_MAX_ROWS
 from brisk.layers.quantization.compressed_tensors.schemes import (
     EightBitWeights,
     unsupported,
@@ -41,8 +40,8 @@ class CompressedTensorsW8A8Fp8(EightBitWeights):
         self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.native and x.numel() <= GEMV_MAX_ROWS * x.shape[-1]:  # few rows: the weight-only FP8 GEMVs,
-            return fp8_linear(x, layer.weight, layer.weight_scale, bias, None, self.native)  # whatever the inputs
+        if self.native and x.numel() == x.shape[-1]:  # one row: the weight-only FP8 GEMV, whatever the inputs
+            return fp8_linear(x, layer.weight, layer.weight_scale, bias, None, self.native)
         if not self.quantize_inputs or (x.is_cuda and not self.native):  # weight-only FP8
             return F.linear(x, dequantize(layer.weight, layer.weight_scale).to(x.dtype), bias)
         input_scale = layer.input_scale if self.static_input else None
