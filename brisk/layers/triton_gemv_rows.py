@@ -10,9 +10,9 @@ program owns ``BLOCK_N`` outputs of every row and streams its weight rows throug
 FP8 and INT8 weights (``float8_e4m3fn`` or ``int8``, a float32 scale per output row, as ``quantization="fp8"``
 and compressed-tensors' FP8 and W8A8 keep them) are widened to the input's dtype in registers (exactly: both fit
 in 16 bits) and the scale is applied to each output: weight-only 8-bit, which reads half of bf16's bytes and
-leaves the input unquantized, as the one-row GEMV does. ``torch._scaled_mm`` at these row counts was no faster
-than the bf16 GEMV on the H200 (122 against 124 ms in a decode profile at batch 8), and it needs the input
-quantized first.
+leaves the input unquantized, as the one-row GEMV does. W8A8 INT8 layers take it (``torch._int_mm`` needs more
+than 16 rows); FP8 layers do not: on the H200 it reached only 0.8 to 2.0 TB/s for FP8 weights, slower at 8 and 16
+rows than quantizing the input for ``torch._scaled_mm`` (``tune_gemv_rows.py --fp8-rows``, twentieth run).
 
 Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
 kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip

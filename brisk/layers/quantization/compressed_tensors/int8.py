@@ -5,7 +5,7 @@ W8A8 preset makes them.
 CPU: the int8 arithmetic emulated exactly (quantize, dequantize, float32 matmul). CUDA: ``torch._int_mm`` with
 int32 accumulation for more than 16 rows (written for the GPU, not run on the CPU test machine); up to 16 the
 weight-only INT8 GEMVs of ``layers/fused.py``'s ``scaled_dense`` (small batches are bound by the weight's bytes,
-and the input stays unquantized, as FP8's do), else the dequantized form."""
+and the input stays unquantized, as at FP8's one row), else the dequantized form."""
 
 from __future__ import annotations
 
