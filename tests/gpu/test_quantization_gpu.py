@@ -119,3 +119,17 @@ def test_8bit_weight_gemvs_match_the_dequantized_weight(fmt, rows):
     assert out is not None
     max_error, frobenius = _errors(out, F.linear(x.double(), dequantize(qw, scale).double()))
     assert frobenius < FROBENIUS and max_error < MAX_ERROR, (max_error, frobenius)
+
+
+@pytest.mark.parametrize("group", [16, 32])
+def test_fp4_dequantize_kernel_equals_the_torch_form(group):
+    """The FP4 dequantizing kernel on the GPU against the torch form on the CPU, bit for bit in bf16, at the 8B
+    gate/up shape."""
+    from brisk.layers.quantization import triton_fp4
+    from brisk.layers.quantization.compressed_tensors.fp4 import dequantize_fp4
+
+    torch.manual_seed(3)
+    packed = torch.randint(0, 256, (28672, HIDDEN // 2), dtype=torch.uint8)
+    scales = torch.rand(28672, HIDDEN // group) * 0.01
+    out = triton_fp4.dequantize_fp4(packed.to(DEV), scales.to(DEV), group, BF16)
+    assert torch.equal(out.cpu(), dequantize_fp4(packed, scales, group, BF16))

@@ -116,7 +116,10 @@ def test_nvfp4_weights_equal_the_library_dequantization_in_float32(ct_checkpoint
         scale, global_scale = state[f"{name}.weight_scale"].float(), state[f"{name}.weight_global_scale"]
         return dequantize(values, scale, args=args, global_scale=global_scale, dtype=torch.float32)
 
-    assert_weights_equal(LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22), library)
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    assert_weights_equal(llm, library)
+    down = llm.engine.model_runner.model.model.layers[0].mlp.down_proj  # held packed: half a byte a value
+    assert down.weight_packed.dtype == torch.uint8 and down.weight_packed.shape[1] * 2 == down.in_features
 
 
 def test_w4a16_shape_with_random_weights_runs(tmp_path):

@@ -5,9 +5,11 @@
 - MXFP4A16 (``mxfp4-pack-quantized``, the OCP microscaling format): a power-of-two scale per 32 inputs, stored as
   its biased exponent (E8M0: a uint8 ``e`` stands for ``2 ** (e - 127)``).
 
-The weight is dequantized for each matmul (``fp4 * scale`` in float32, as compressed-tensors' dequantize computes
-it). FP4 tensor cores (compute capability 10+) and a dequantizing kernel for Hopper are future work; FP4
-activations (W4A4) are refused."""
+The weight stays packed (half a byte a value, its group scales as float32: 0.75 bytes a weight against bf16's 2)
+and is dequantized for each matmul (``fp4 * scale`` in float32, as compressed-tensors' dequantize computes it,
+rounded once to the input's dtype): on a GPU in one Triton launch (``triton_fp4.py``), then cuBLAS. FP4 tensor
+cores (compute capability 10+) and a GEMV that decodes FP4 in registers are future work; FP4 activations (W4A4)
+are refused."""
 
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ from brisk.layers.quantization.compressed_tensors.schemes import (
 )
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitudes of codes 0-7; bit 3 is the sign
+
+
+def dequantize_fp4(packed: torch.Tensor, scales: torch.Tensor, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The ``dtype`` weight of uint8 ``packed`` FP4 values and their float32 group ``scales``: the Triton kernel
+    on a GPU, torch elsewhere (the same arithmetic, bit for bit)."""
+    if packed.is_cuda:
+        from brisk.layers.quantization import triton_fp4
+
+        return triton_fp4.dequantize_fp4(packed, scales, group_size, dtype)
+    return (unpack_fp4(packed).unflatten(-1, (-1, group_size)) * scales[..., None]).flatten(-2).to(dtype)
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
@@ -51,19 +63,18 @@ class CompressedTensorsFP4A16:
         add_param(layer, "weight_scale", scale, output_dim=0, input_dim=1)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        replace_param(layer, "weight_fp4", unpack_fp4(layer.weight_packed.data))
-        del layer.weight_packed
-        replace_param(layer, "weight_scale", self.float_scales(layer))
+        replace_param(layer, "weight_packed", layer.weight_packed.data.contiguous())
+        replace_param(layer, "weight_scale", self.float_scales(layer).contiguous())
 
     def float_scales(self, layer: nn.Module) -> torch.Tensor:
         """The group scales as float32 (what multiplies the FP4 values)."""
         raise NotImplementedError
 
-    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
-        return (layer.weight_fp4.unflatten(-1, (-1, self.group_size)) * layer.weight_scale[..., None]).flatten(-2)
+    def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_fp4(layer.weight_packed, layer.weight_scale, self.group_size, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
+        return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
 
 class CompressedTensorsNVFP4A16(CompressedTensorsFP4A16):
