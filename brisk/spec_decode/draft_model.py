@@ -2,22 +2,30 @@
 
 The draft has its own paged KV cache with as many blocks as the target's, addressed by the *same* block tables
 and slots: one block manager and one memory plan serve both (each block costs the target's bytes plus the
-draft's). Its cache is kept in step with the target's by running the draft over every step's tokens
-("mirroring": same input ids, positions and slots), so prefix-cache hits, chunked prefill, preemption and
-rollback need nothing of their own: a slot is valid for the draft exactly when it is for the target.
+draft's), so prefix-cache hits, chunked prefill, preemption and rollback need nothing of their own: a slot holds
+the draft's KV of the token the target's KV in it belongs to.
 
 A step with drafts runs in this order: the scheduler reserves ``1 + d`` slots for a decoding request (``d``
-placeholder drafts from :meth:`propose`), :meth:`draft` fills in the ``d`` tokens by ``d`` batched single-token
-draft passes that write those slots, the target verifies them, and :meth:`mirror` writes the draft's KV of the
-step's tokens. For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the
-draft's distribution under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes
-to the rejection sampler (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the
-target distribution.
+placeholder drafts from :meth:`propose`), :meth:`draft` fills in the ``d`` tokens by ``d`` batched draft passes
+that write those slots, and the target verifies them. The drafting passes write the draft's KV of every
+position they feed, and accepted drafts keep theirs; the one position they never feed is the last draft's, so
+the first pass feeds two tokens per sequence, the one before the last known token and that token, and
+re-writes (or writes) the KV before the step's first. A step where every sequence has drafts therefore needs
+nothing more. Other steps (prompts, plain decodes) run the draft over the step's own tokens, slots and positions
+("mirroring", :meth:`mirror`), first catching up sequences whose last verification accepted all their drafts
+and that now decode without drafts. One case stays behind: a request that ends right after such a step leaves
+its last draft's position without draft KV, and a later prompt that hits that block in the prefix cache (the next
+turn of a chat) drafts over one stale entry there. That costs acceptance, never the target's tokens.
 
-On a GPU both kinds of pass replay CUDA graphs: the drafting passes are decode steps over the draft's own input
-buffers, each feeding the previous pass's tokens on the device (the host reads all drafts once, after the last
-pass), and the mirror replays the draft model over the target's input buffers in the shape the target's
-verification graph ran.
+For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's
+distribution under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the
+rejection sampler (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the target
+distribution.
+
+On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (two
+tokens a sequence, then one), each feeding the previous pass's tokens on the device (the host reads all drafts
+once, after the last pass), and the mirror replays the draft model over the target's input buffers in the shape
+the target's verification graph ran.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import torch
 
 from brisk.config import ModelConfig, read_hf_config
 from brisk.device_transfer import to_device_async
+from brisk.engine.request import Request
 from brisk.engine.scheduler import SchedulerOutput
 from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
@@ -88,18 +97,24 @@ class DraftModelProposer:
     def init_step_buffers(
         self, max_num_seqs: int, target_buffers: InputBuffers, verify_graphs: StepGraphs | None, use_graphs: bool
     ) -> None:
-        """The drafting passes' input buffers; with ``use_graphs``, their decode graphs and, beside the target's
-        ``verify_graphs``, the mirror's graphs of the same sizes over the target's buffers."""
+        """The drafting passes' input buffers; with ``use_graphs``, their graphs (two tokens a sequence for the
+        first pass, one for the others) and, beside the target's ``verify_graphs``, the mirror's graphs of the
+        same sizes over the target's buffers."""
         max_len = self.runner.model_config.max_model_len
         max_blocks = -(-max_len // self.block_size)
-        self.buffers = InputBuffers(max_num_seqs, max_num_seqs, max_blocks, self.device)
+        self.buffers = InputBuffers(2 * max_num_seqs, max_num_seqs, max_blocks, self.device)
         self.mirror_inputs = target_buffers.on_device
-        self.graphs = self.mirror_graphs = None
+        # Requests whose last step ran without a mirror, with the position of their last draft: its draft KV is
+        # missing if all drafts were accepted (then it is the position before the next step's first).
+        self._unmirrored: dict[str, tuple[Request, int]] = {}
+        self.graphs = self.first_pass_graphs = self.mirror_graphs = None
         if not use_graphs:
             return
         sizes = [s for s in capture_sizes(max_num_seqs) if s <= MAX_VERIFY_GRAPH_SEQS]
+        self.first_pass_graphs = StepGraphs(self.runner.model, self.buffers, sizes, max_len, query_len=2)
+        pool = self.first_pass_graphs.capture(what="first draft pass")
         self.graphs = StepGraphs(self.runner.model, self.buffers, sizes, max_len)
-        pool = self.graphs.capture(what="draft")
+        pool = self.graphs.capture(pool, "draft")
         if verify_graphs is not None:
             q = verify_graphs.query_len
             self.mirror_graphs = StepGraphs(self.runner.model, target_buffers, verify_graphs.sizes, max_len, q)
@@ -114,7 +129,6 @@ class DraftModelProposer:
     def draft(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Replace the step's placeholder drafts by the draft model's continuation, in place. Returns, for each
         sampled (not greedy) request, the ``[d, vocab]`` distributions its drafts were drawn from."""
-        bs, buf = self.block_size, self.buffers
         rows = [e for e in out.scheduled if e.request.request_id in out.spec_token_ids]
         drafts = [out.spec_token_ids[e.request.request_id] for e in rows]
         q: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -123,33 +137,16 @@ class DraftModelProposer:
         previous_row: dict[int, int] = {}  # a row's index in them
         for j in range(max(len(d) for d in drafts)):
             active = [i for i, d in enumerate(drafts) if len(d) > j]
-            n = len(active)
-            padded = (self.graphs.padded_size(n) or 0) if self.graphs is not None else 0
-            step = buf.begin_step(padded or n, padded or n)
-            seq_lens: list[int] = []
-            width = 1
-            for row, i in enumerate(active):
+            feeds = []
+            for i in active:
                 entry = rows[i]
-                position = entry.start + j
                 table = out.block_tables[entry.request.request_id]
-                buf.write_block_table_row(row, table)
-                # The first pass starts from the last known token; later ones from the previous pass's draft.
-                step.input_ids[row] = entry.request.all_token_ids[entry.start] if j == 0 else -1 - previous_row[i]
-                step.positions[row] = position
-                step.slot_mapping[row] = table[position // bs] * bs + position % bs
-                seq_lens.append(position + 1)
-                width = max(width, -(-(position + 1) // bs))
-            step.seq_lens[:n] = seq_lens
-            step.query_start_loc[: n + 1] = range(n + 1)
-            if padded:
-                buf.fill_padding(n, n)
-            buf.upload(width, previous)
-            if padded:
-                hidden = self.graphs.replay(padded)[:n]
-            else:
-                metadata = buf.metadata(n, n, 1, max(seq_lens), list(range(n + 1)), seq_lens)
-                with set_forward_context(metadata):
-                    hidden = self.runner.model(buf.on_device.input_ids[:n], buf.on_device.positions[:n])
+                if j == 0:  # the token before the last known one (its KV may be missing), then that token
+                    s = entry.start
+                    feeds.append((entry.request.all_token_ids[s - 1 : s + 1], [s - 1, s], table))
+                else:  # the previous pass's draft, still on the device
+                    feeds.append(([-1 - previous_row[i]], [entry.start + j], table))
+            hidden = self._run(feeds, self.first_pass_graphs if j == 0 else self.graphs, previous)
             logits = self.runner.model.compute_logits(hidden)
             previous = self._choose(logits, [rows[i].request for i in active], q, active)
             previous_row = {i: row for row, i in enumerate(active)}
@@ -162,9 +159,44 @@ class DraftModelProposer:
             offset += len(active)
         return {e.request.request_id: torch.stack(qi) for e, qi in zip(rows, q) if qi}
 
-    def _choose(
-        self, logits: torch.Tensor, requests, q: list[list[torch.Tensor]], active: list[int]
+    def _run(
+        self,
+        feeds: list[tuple[list[int], list[int], list[int]]],
+        graphs: StepGraphs | None,
+        previous: torch.Tensor | None,
     ) -> torch.Tensor:
+        """One pass of the draft over its own buffers, the same number of tokens for each sequence: per sequence
+        its input ids (``-1 - j``: row ``j`` of ``previous``, on the device), positions and block table. Writes
+        their KV; returns the hidden state of each sequence's last token. Replays ``graphs`` where a size fits."""
+        bs, buf = self.block_size, self.buffers
+        n, q = len(feeds), len(feeds[0][1])
+        padded = (graphs.padded_size(n) or 0) if graphs is not None else 0
+        step = buf.begin_step((padded or n) * q, padded or n)
+        seq_lens: list[int] = []
+        width = 1
+        for row, (ids, positions, table) in enumerate(feeds):
+            buf.write_block_table_row(row, table)
+            t = row * q
+            step.input_ids[t : t + q] = ids
+            step.positions[t : t + q] = positions
+            step.slot_mapping[t : t + q] = [table[p // bs] * bs + p % bs for p in positions]
+            seq_lens.append(positions[-1] + 1)
+            width = max(width, -(-seq_lens[-1] // bs))
+        step.seq_lens[:n] = seq_lens
+        query_start_loc = list(range(0, n * q + 1, q))
+        step.query_start_loc[: n + 1] = query_start_loc
+        if padded:
+            buf.fill_padding(n * q, n, q)
+        buf.upload(width, previous)
+        if padded:
+            hidden = graphs.replay(padded)
+        else:
+            metadata = buf.metadata(n * q, n, q, max(seq_lens), query_start_loc, seq_lens)
+            with set_forward_context(metadata):
+                hidden = self.runner.model(buf.on_device.input_ids[: n * q], buf.on_device.positions[: n * q])
+        return hidden[q - 1 : n * q : q]
+
+    def _choose(self, logits: torch.Tensor, requests, q: list[list[torch.Tensor]], active: list[int]) -> torch.Tensor:
         """The argmax for greedy requests; for sampled ones a draw from the filtered distribution, recorded in q
         (the tokens stay on the device)."""
         greedy = [r.sampling_params.greedy for r in requests]
@@ -180,10 +212,30 @@ class DraftModelProposer:
         return torch.where(to_device_async(greedy, torch.bool, self.device), argmax, drawn)
 
     @torch.inference_mode()
-    def mirror(self, metadata: AttentionMetadata, verify_graphs: StepGraphs | None, padded: int) -> None:
-        """Write the draft's KV of a target step's tokens: the step's own inputs and slots, in the target's input
-        buffers. ``verify_graphs``: the target's verification graphs when one of them ran the step at ``padded``
-        sequences; the draft then replays its graph of that size."""
+    def mirror(
+        self, out: SchedulerOutput, metadata: AttentionMetadata, verify_graphs: StepGraphs | None, padded: int
+    ) -> None:
+        """Write the draft's KV of a target step's tokens (its inputs and slots, in the target's input buffers),
+        unless every sequence of the step had drafts: their passes wrote it. ``verify_graphs``: the target's
+        verification graphs when one of them ran the step at ``padded`` sequences; the draft then replays its
+        graph of that size."""
+        unmirrored = {k: v for k, v in self._unmirrored.items() if not v[0].is_finished}
+        if len(out.spec_token_ids) == len(out.scheduled):
+            for entry in out.scheduled:
+                request = entry.request
+                unmirrored[request.request_id] = (request, entry.start + len(out.spec_token_ids[request.request_id]))
+            self._unmirrored = unmirrored
+            return
+        behind = []  # decoding without drafts now, after a step whose drafts were all accepted
+        for entry in out.scheduled:
+            request = entry.request
+            lagging = unmirrored.pop(request.request_id, None)
+            if lagging is not None and lagging[1] == entry.start - 1 and request.request_id not in out.spec_token_ids:
+                table = out.block_tables[request.request_id]
+                behind.append(([request.all_token_ids[lagging[1]]], [lagging[1]], table))
+        self._unmirrored = unmirrored
+        if behind:
+            self._run(behind, self.graphs, None)
         if verify_graphs is not None and self.mirror_graphs is not None:
             self.mirror_graphs.replay(padded)
             return

@@ -358,7 +358,7 @@ class ModelRunner:
                     on_device.input_ids[: metadata.num_tokens], on_device.positions[: metadata.num_tokens]
                 )
         if self.drafter is not None:
-            self.drafter.mirror(metadata, graphs if graphs is self.verify_graphs else None, padded)
+            self.drafter.mirror(out, metadata, graphs if graphs is self.verify_graphs else None, padded)
         timer.mark("forward", sync=True)
 
         sample_rows = [i for i, entry in enumerate(out.scheduled) if entry.sample]

@@ -109,3 +109,36 @@ def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
     again = llm.generate(prompts[:2], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in first] == [o.outputs[0].token_ids for o in again]
     assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in first)
+
+
+def test_the_draft_kv_cache_follows_the_target_step_by_step(tiny_llama, baseline):
+    """With the target as its own draft, both caches must hold the same KV at every computed position of every
+    running request after every step, whichever way the draft wrote it: its drafting passes (steps where every
+    request has drafts run no mirror), the two-token first pass that fills the last draft's position, the mirror
+    of prompt steps, and the catch-up of a request that decodes without drafts (they found no room in the nearly
+    full cache) after a step that accepted all of them. Only the position before the next token may still lag.
+    Without the catch-up, or with a one-token first pass, this fails."""
+    prompts, _ = baseline
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    expected = token_ids(LLM(tiny_llama, device="cpu", max_model_len=160).generate(prompts[:3], params, use_tqdm=False))
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, kv_cache_memory_bytes=12 * 16 * 1024,
+              max_model_len=160)  # fmt: skip
+    engine = llm.engine
+    runner, scheduler = engine.model_runner, engine.scheduler
+    target_caches, draft_caches = runner.kv_caches, runner.drafter.runner.kv_caches
+    bs = runner.block_size
+    for i, prompt in enumerate(prompts[:3]):
+        engine.add_request(str(i), prompt, params)
+    finished, checked = {}, 0
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+        for request in scheduler.running:
+            table = torch.tensor(engine.kv_cache_manager.get_block_ids(request.request_id))
+            positions = torch.arange(request.num_computed_tokens - 1)
+            blocks, offsets = table[positions // bs], positions % bs
+            for target, draft in zip(target_caches, draft_caches):
+                torch.testing.assert_close(draft[:, blocks, offsets], target[:, blocks, offsets])
+            checked += len(positions)
+    assert [finished[str(i)].outputs[0].token_ids for i in range(3)] == expected
+    assert checked > 1000 and engine.get_stats().num_preemptions > 0
