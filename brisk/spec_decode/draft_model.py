@@ -1,36 +1,36 @@
 """The draft-model proposer: a small model with the target's vocabulary guesses the next tokens.
 
-The draft has its own paged KV cache with as many blocks as the target's, addressed by the *same* block tables
-and slots: one block manager and one memory plan serve both (each block costs the target's bytes plus the
-draft's), so prefix-cache hits, chunked prefill, preemption and rollback need nothing of their own: a slot holds
-the draft's KV of the token the target's KV in it belongs to.
+The draft has its own paged KV cache with as many blocks as the target's, addressed by the *same* block tables and
+slots: one block manager and one memory plan serve both (each block costs the target's bytes plus the draft's), so
+prefix-cache hits, chunked prefill, preemption and rollback need nothing of their own: a slot holds the draft's KV
+of the token the target's KV in it belongs to.
 
 A step with drafts runs in this order: the scheduler reserves ``1 + d`` slots for a decoding request (``d``
-placeholder drafts from :meth:`propose`), :meth:`draft` fills in the ``d`` tokens by ``d`` batched draft passes
-that write those slots, and the target verifies them. The drafting passes write the draft's KV of every
-position they feed, and accepted drafts keep theirs; the one position they never feed is the last draft's, so
-the first pass feeds two tokens per sequence, the one before the last known token and that token, and
-re-writes (or writes) the KV before the step's first. A step where every sequence has drafts therefore needs
-nothing more. Other steps (prompts, plain decodes) run the draft over the step's own tokens, slots and positions
-("mirroring", :meth:`mirror`), first catching up sequences whose last verification accepted all their drafts
-and that now decode without drafts. One case stays behind: a request that ends right after such a step leaves
-its last draft's position without draft KV, and a later prompt that hits that block in the prefix cache (the next
-turn of a chat) drafts over one stale entry there. That costs acceptance, never the target's tokens.
+placeholder drafts from :meth:`propose`), :meth:`draft` computes the ``d`` tokens by ``d`` batched draft passes that
+write those slots, and the target verifies them. The drafts stay on the device: the target's step reads them there
+and the host sees them with the verification's tokens, in one read a step. The drafting passes write the draft's KV
+of every position they feed, and accepted drafts keep theirs; the one position they never feed is the last draft's,
+so the first pass feeds two tokens per sequence, the one before the last known token and that token, and re-writes
+(or writes) the KV before the step's first. A step where every sequence has drafts therefore needs nothing more.
+Other steps (prompts, plain decodes) run the draft over the step's own tokens, slots and positions ("mirroring",
+:meth:`mirror`), first catching up sequences whose last verification accepted all their drafts and that now decode
+without drafts. One case stays behind: a request that ends right after such a step leaves its last draft's position
+without draft KV, and a later prompt that hits that block in the prefix cache (the next turn of a chat) drafts over
+one stale entry there. That costs acceptance, never the target's tokens.
 
-For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's
-distribution under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the
-rejection sampler (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the target
-distribution.
+For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's distribution
+under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the rejection sampler
+(accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the target distribution.
 
-On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (two
-tokens a sequence, then one), each feeding the previous pass's tokens on the device (the host reads all drafts
-once, after the last pass), and the mirror replays the draft model over the target's input buffers in the shape
-the target's verification graph ran.
+On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (two tokens
+a sequence, then one), each feeding the previous pass's tokens on the device, and the mirror replays the draft model
+over the target's input buffers in the shape the target's verification graph ran.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +46,17 @@ from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DraftTokens:
+    """A step's drafts from the draft model, on the device. ``token_ids``: every drafting pass's tokens, one after
+    the other; ``index``: per request, where its drafts sit in them, in order; ``probs``: per sampled (not greedy)
+    request, the ``[d, vocab]`` distributions its drafts were drawn from."""
+
+    token_ids: torch.Tensor
+    index: dict[str, list[int]]
+    probs: dict[str, torch.Tensor]
 
 
 def draft_model_config(draft: str, target: ModelConfig) -> ModelConfig:
@@ -126,17 +137,19 @@ class DraftModelProposer:
         return [0] * min(self.num_speculative_tokens, max_tokens)
 
     @torch.inference_mode()
-    def draft(self, out: SchedulerOutput) -> dict[str, torch.Tensor]:
-        """Replace the step's placeholder drafts by the draft model's continuation, in place. Returns, for each
-        sampled (not greedy) request, the ``[d, vocab]`` distributions its drafts were drawn from."""
+    def draft(self, out: SchedulerOutput) -> DraftTokens:
+        """The draft model's continuation of each request with placeholder drafts in ``out``, left on the device:
+        the target's step reads them there, and the host sees them with the verification's tokens, so the
+        device never waits for the host between the drafting passes and the target's pass."""
         rows = [e for e in out.scheduled if e.request.request_id in out.spec_token_ids]
-        drafts = [out.spec_token_ids[e.request.request_id] for e in rows]
+        counts = [len(out.spec_token_ids[e.request.request_id]) for e in rows]
         q: list[list[torch.Tensor]] = [[] for _ in rows]
-        passes: list[tuple[list[int], torch.Tensor]] = []  # per pass: the rows it drafted for, their tokens
-        previous: torch.Tensor | None = None  # the last pass's tokens, on the device
-        previous_row: dict[int, int] = {}  # a row's index in them
-        for j in range(max(len(d) for d in drafts)):
-            active = [i for i, d in enumerate(drafts) if len(d) > j]
+        index: list[list[int]] = [[] for _ in rows]  # where each row's drafts sit in the passes' tokens
+        passes: list[torch.Tensor] = []  # each pass's tokens, on the device
+        previous_row: dict[int, int] = {}  # a row's index in the last pass's tokens
+        offset = 0
+        for j in range(max(counts)):
+            active = [i for i, c in enumerate(counts) if c > j]
             feeds = []
             for i in active:
                 entry = rows[i]
@@ -146,18 +159,18 @@ class DraftModelProposer:
                     feeds.append((entry.request.all_token_ids[s - 1 : s + 1], [s - 1, s], table))
                 else:  # the previous pass's draft, still on the device
                     feeds.append(([-1 - previous_row[i]], [entry.start + j], table))
-            hidden = self._run(feeds, self.first_pass_graphs if j == 0 else self.graphs, previous)
+            hidden = self._run(feeds, self.first_pass_graphs if j == 0 else self.graphs, passes[-1] if passes else None)
             logits = self.runner.model.compute_logits(hidden)
-            previous = self._choose(logits, [rows[i].request for i in active], q, active)
+            passes.append(self._choose(logits, [rows[i].request for i in active], q, active))
             previous_row = {i: row for row, i in enumerate(active)}
-            passes.append((active, previous))
-        tokens = torch.cat([t for _, t in passes]).tolist()  # the one wait for the device
-        offset = 0
-        for j, (active, _) in enumerate(passes):
             for row, i in enumerate(active):
-                drafts[i][j] = tokens[offset + row]
+                index[i].append(offset + row)
             offset += len(active)
-        return {e.request.request_id: torch.stack(qi) for e, qi in zip(rows, q) if qi}
+        return DraftTokens(
+            torch.cat(passes),
+            {e.request.request_id: ix for e, ix in zip(rows, index)},
+            {e.request.request_id: torch.stack(qi) for e, qi in zip(rows, q) if qi},
+        )
 
     def _run(
         self,

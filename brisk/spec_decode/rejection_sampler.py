@@ -70,16 +70,24 @@ class RejectionSampler:
         requests: list[Request],
         drafts: list[list[int]],
         draft_probs: list[torch.Tensor | None] | None = None,
+        draft_token_ids: torch.Tensor | None = None,
     ) -> Verification:
         """``logits`` has ``len(drafts[i]) + 1`` rows per request, in order: the target's prediction after each
         token of the request's step (its last known token, then each draft). ``draft_probs[i]``, when given, is
-        the ``[len(drafts[i]), vocab]`` distribution each draft was drawn from (None: a point mass)."""
+        the ``[len(drafts[i]), vocab]`` distribution each draft was drawn from (None: a point mass).
+        ``draft_token_ids``, when given, holds every draft on the device, in order, and ``drafts`` only their
+        counts: they are read back (into ``drafts``) with the verification's tokens where no row's sampling
+        reads its token history, else first."""
+        greedy = all(r.sampling_params.greedy for r in requests)
+        if draft_token_ids is not None and not (greedy and self._ignores_history(requests)):
+            self._fill(drafts, draft_token_ids.tolist())
+            draft_token_ids = None
         positions = [_DraftPosition(r, d[:j]) for r, d in zip(requests, drafts) for j in range(len(d) + 1)]
         starts = [0]
         for d in drafts:
             starts.append(starts[-1] + len(d) + 1)
-        if all(r.sampling_params.greedy for r in requests):
-            token_ids = self._verify_greedy(logits, positions, drafts, starts)
+        if greedy:
+            token_ids = self._verify_greedy(logits, positions, drafts, starts, draft_token_ids)
             return Verification(token_ids, *self._logprobs(logits, positions, starts, token_ids))
         probs = self.sampler.target_probs(logits, positions)
         draft_rows = [starts[i] + j for i, d in enumerate(drafts) for j in range(len(d))]
@@ -117,11 +125,34 @@ class RejectionSampler:
         logprobs, chosen = self._logprobs(logits, positions, starts, token_ids)
         return Verification(token_ids, logprobs, chosen)
 
-    def _verify_greedy(self, logits, positions, drafts: list[list[int]], starts: list[int]) -> list[list[int]]:
+    @staticmethod
+    def _ignores_history(requests: list[Request]) -> bool:
+        """Whether no request's sampling reads the tokens before the one it samples (penalties, bad words,
+        grammars), so the target's choice at a draft's position does not depend on the drafts before it."""
+        return not any(r.sampling_params.needs_token_history for r in requests)
+
+    @staticmethod
+    def _fill(drafts: list[list[int]], values: list[int]) -> None:
+        """Write ``values``, every draft in order, into the ``drafts`` lists in place."""
+        k = 0
+        for d in drafts:
+            d[:] = values[k : k + len(d)]
+            k += len(d)
+
+    def _verify_greedy(
+        self, logits, positions, drafts: list[list[int]], starts: list[int], draft_token_ids: torch.Tensor | None
+    ) -> list[list[int]]:
         """Every row greedy: a draft is accepted while it is the target's argmax, and the token after the accepted
         ones is the argmax where they end. The same tokens as the general rule (a greedy row's distribution is a
-        point mass), from one read of the argmaxes instead of two reads and the full-vocabulary point masses."""
-        argmax = self.sampler.target_argmax(logits, positions).tolist()
+        point mass), from one read of the argmaxes instead of two reads and the full-vocabulary point masses;
+        drafts still on the device come back in that same read."""
+        argmax = self.sampler.target_argmax(logits, positions)
+        if draft_token_ids is not None:
+            values = torch.cat([argmax, draft_token_ids.to(argmax.dtype)]).tolist()
+            argmax = values[: starts[-1]]
+            self._fill(drafts, values[starts[-1] :])
+        else:
+            argmax = argmax.tolist()
         token_ids = []
         for d, start in zip(drafts, starts):
             choice = argmax[start : start + len(d) + 1]

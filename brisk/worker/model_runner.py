@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from brisk.worker.cuda_graphs import (
 )
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.sampler import Sampler, prompt_position_logprobs
+
+if TYPE_CHECKING:
+    from brisk.spec_decode.draft_model import DraftTokens
 
 logger = logging.getLogger(__name__)
 
@@ -266,13 +270,19 @@ class ModelRunner:
         return (graphs, padded) if padded else (None, 0)
 
     def _prepare(
-        self, out: SchedulerOutput, stride: int | None, padded: int, packed_tokens: int = 0
+        self,
+        out: SchedulerOutput,
+        stride: int | None,
+        padded: int,
+        packed_tokens: int = 0,
+        drafted: DraftTokens | None = None,
     ) -> tuple[AttentionMetadata, list[int]]:
         """Fill the input buffers for this step. Rows are packed, or with ``stride`` (a graph's query length)
         each sequence owns ``stride`` rows, the ones it does not fill padding, and ``padded`` sequences in all.
         With ``packed_tokens`` (a packed graph's token count) the rows stay packed, the rows after them up to that
         count are a padding sequence of their own (a context of just themselves, no KV write: the real rows never
-        see them), and empty sequences follow it up to ``padded``.
+        see them), and empty sequences follow it up to ``padded``. ``drafted``: the draft model's drafts, which
+        the step reads on the device.
         Returns the metadata and, per scheduled request, the end of its rows."""
         bs = self.block_size
         buf = self.buffers
@@ -307,6 +317,8 @@ class ModelRunner:
                 step.input_ids[token : token + known - start] = request.all_token_ids[start:known]
             drafts = out.spec_token_ids.get(request.request_id)
             if drafts:
+                if drafted is not None:  # on the device: -1 - j stands for drafted.token_ids[j]
+                    drafts = [-1 - j for j in drafted.index[request.request_id]]
                 step.input_ids[token + num_new - len(drafts) : token + num_new] = drafts
             elif known < end:
                 assert end - known == 1, "only the last sampled token can be in flight"
@@ -333,7 +345,11 @@ class ModelRunner:
             buf.fill_padding(num_seqs * stride, num_seqs, stride)
             query_start_loc += list(range(query_start_loc[-1] + stride, padded * stride + 1, stride))
             seq_lens += [stride] * (padded - num_seqs)
-        buf.upload(block_width, self._last_sampled if fed else None)
+        if drafted is not None:
+            assert not fed, "a step with drafts has no tokens in flight"
+            buf.upload(block_width, drafted.token_ids)
+        else:
+            buf.upload(block_width, self._last_sampled if fed else None)
         total = query_start_loc[-1]
         metadata = buf.metadata(total, len(seq_lens), stride or max_query_len, max(seq_lens), query_start_loc, seq_lens)
         return metadata, row_ends
@@ -342,12 +358,12 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
         """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
         chunks short of the end do not sample). Nothing here waits for the device unless logprobs are asked."""
-        draft_probs = self.drafter.draft(out) if self.drafter is not None and out.spec_token_ids else {}
+        drafted = self.drafter.draft(out) if self.drafter is not None and out.spec_token_ids else None
         graphs, padded = self._graphs_for(out)
         if isinstance(graphs, PackedStepGraphs):
-            metadata, row_ends = self._prepare(out, None, graphs.num_seqs, packed_tokens=padded)
+            metadata, row_ends = self._prepare(out, None, graphs.num_seqs, packed_tokens=padded, drafted=drafted)
         else:
-            metadata, row_ends = self._prepare(out, graphs.query_len if graphs else None, padded)
+            metadata, row_ends = self._prepare(out, graphs.query_len if graphs else None, padded, drafted=drafted)
         timer.mark("prepare")
         on_device = self.buffers.on_device
         if graphs is not None:
@@ -365,7 +381,7 @@ class ModelRunner:
         sampled_host = done = logprobs = chosen = None
         host_inputs: tuple[torch.Tensor, ...] = ()
         if sample_rows and out.spec_token_ids:
-            verification = self._verify(out, sample_rows, hidden, row_ends, draft_probs)
+            verification = self._verify(out, sample_rows, hidden, row_ends, drafted)
             prompt_logprobs = self._prompt_logprobs(out.scheduled, hidden, metadata)
             timer.mark("sample")
             return LaunchedStep(out, sample_rows, None, None, None, None, prompt_logprobs, verification=verification)
@@ -400,12 +416,12 @@ class ModelRunner:
         sample_rows: list[int],
         hidden: torch.Tensor,
         row_ends: list[int],
-        draft_probs: dict[str, torch.Tensor],
+        drafted: DraftTokens | None,
     ) -> Verification:
         """A step with drafts: logits at each sampling row's last token and at each of its drafts, checked by the
-        rejection sampler (rows without drafts just sample; ``draft_probs``: the distributions a draft model drew
-        from, by request; ``row_ends``: where each row's tokens end in ``hidden``). Reads the tokens back: the
-        next step's inputs depend on how many drafts were accepted."""
+        rejection sampler (rows without drafts just sample; ``drafted``: a draft model's drafts, on the device,
+        and the distributions it drew them from; ``row_ends``: where each row's tokens end in ``hidden``). Reads
+        the tokens back: the next step's inputs depend on how many drafts were accepted."""
         requests = [out.scheduled[i].request for i in sample_rows]
         drafts = [out.spec_token_ids.get(r.request_id, []) for r in requests]
         index = []
@@ -413,7 +429,12 @@ class ModelRunner:
             index.extend(range(row_ends[i] - 1 - len(d), row_ends[i]))
         logits = self.model.compute_logits(hidden[to_device_async(index, torch.int64, self.device)])
         self._last_sampled, self._last_sample_rows = None, {}
-        return self.rejection_sampler(logits, requests, drafts, [draft_probs.get(r.request_id) for r in requests])
+        if drafted is None:
+            return self.rejection_sampler(logits, requests, drafts)
+        where = [j for r in requests for j in drafted.index.get(r.request_id, ())]
+        on_device = drafted.token_ids[to_device_async(where, torch.int64, self.device)]
+        draft_probs = [drafted.probs.get(r.request_id) for r in requests]
+        return self.rejection_sampler(logits, requests, drafts, draft_probs, on_device)
 
     def _prompt_logprobs(
         self, scheduled: list[ScheduledRequest], hidden: torch.Tensor, metadata: AttentionMetadata

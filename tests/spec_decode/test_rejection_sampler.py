@@ -107,3 +107,30 @@ def test_all_greedy_shortcut_equals_the_general_rule(penalty):
     assert shortcut.token_ids == general.token_ids[:-1]
     assert any(len(t) < len(d) + 1 for t, d in zip(shortcut.token_ids, drafts))  # some drafts were rejected
     assert any(len(t) > 1 for t in shortcut.token_ids)  # and some accepted
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+@pytest.mark.parametrize("with_sampled_row", [False, True])
+def test_drafts_on_the_device_give_the_same_verification(penalty, with_sampled_row):
+    """A draft model's drafts reach the rejection sampler as a tensor, with placeholder lists of the right
+    lengths: the verification must equal the one from host lists, and the lists must end up holding the drafts,
+    whichever path reads them back (with the argmaxes for plain greedy rows; first where a penalty reads the
+    token history or a row samples)."""
+    torch.manual_seed(1)
+    greedy = SamplingParams(temperature=0, max_tokens=8, repetition_penalty=penalty)
+    requests = [Request(f"r{i}", [1, 2, 3, i], greedy, frozenset()) for i in range(5)]
+    drafts = [[int(t) for t in torch.randint(0, 3, (n,))] for n in (1, 2, 3, 3, 4)]
+    if with_sampled_row:
+        requests.append(Request("s", [1, 2, 3], PARAMS, frozenset()))
+        drafts.append([1, 2])
+    logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB)
+    logits[:, :3] += 2.0
+    on_host = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts)
+    placeholders = [[0] * len(d) for d in drafts]
+    on_device = torch.tensor([t for d in drafts for t in d])
+    verified = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(
+        logits, requests, placeholders, None, on_device
+    )
+    assert verified.token_ids == on_host.token_ids
+    assert placeholders == drafts
+    assert any(len(t) < len(d) + 1 for t, d in zip(on_host.token_ids, drafts))
