@@ -172,10 +172,12 @@ class EngineArgs:
         )
         speculative = self.parsed_speculative_config()
         require(
-            speculative is None or speculative.method == "ngram" or self.world_size == 1,
-            "speculative_config method 'draft_model' is not supported with more than one rank yet (the worker "
-            "processes run no draft model): use tensor_parallel_size=1 and pipeline_parallel_size=1, or method "
-            "'ngram'.",
+            speculative is None
+            or speculative.method == "ngram"
+            or (self.world_size == 1 and self.distributed_executor_backend in (None, "uni")),
+            "speculative_config method 'draft_model' is not supported with worker processes yet (they run no draft "
+            "model): use tensor_parallel_size=1, pipeline_parallel_size=1 and the default executor ('uni'), or "
+            "method 'ngram'.",
         )
 
 

@@ -6,17 +6,19 @@ prefix-cache hits, chunked prefill, preemption and rollback need nothing of thei
 of the token the target's KV in it belongs to.
 
 A step with drafts runs in this order: the scheduler reserves ``1 + d`` slots for a decoding request (``d``
-placeholder drafts from :meth:`propose`), :meth:`draft` computes the ``d`` tokens by ``d`` batched draft passes that
-write those slots, and the target verifies them. The drafts stay on the device: the target's step reads them there
-and the host sees them with the verification's tokens, in one read a step. The drafting passes write the draft's KV
-of every position they feed, and accepted drafts keep theirs; the one position they never feed is the last draft's,
-so the first pass feeds two tokens per sequence, the one before the last known token and that token, and re-writes
-(or writes) the KV before the step's first. A step where every sequence has drafts therefore needs nothing more.
-Other steps (prompts, plain decodes) run the draft over the step's own tokens, slots and positions ("mirroring",
-:meth:`mirror`), first catching up sequences whose last verification accepted all their drafts and that now decode
-without drafts. One case stays behind: a request that ends right after such a step leaves its last draft's position
-without draft KV, and a later prompt that hits that block in the prefix cache (the next turn of a chat) drafts over
-one stale entry there. That costs acceptance, never the target's tokens.
+placeholder drafts from :meth:`propose`), :meth:`draft` computes the ``d`` tokens by ``d`` batched draft passes, and
+the target verifies them. The drafts stay on the device: the target's step reads them there and, where no row's
+sampling reads its token history, the host sees them with the verification's tokens in one read a step; the host
+does not wait for the device between the passes but for each pass's read of its inputs. The drafting passes write
+the draft's KV of every position they feed (the step's first token to its last draft but one), and accepted drafts
+keep theirs; the one position they never feed is the last draft's, so the first pass feeds two tokens per sequence,
+the one before the last known token and that token, and re-writes (or writes) the KV before the step's first. A step
+where every sequence has drafts therefore needs nothing more. Other steps (prompts, plain decodes) run the draft
+over the step's own tokens, slots and positions ("mirroring", :meth:`mirror`), first catching up sequences whose
+last verification accepted all their drafts and that now decode without drafts. One case stays behind: a request
+that ends, is aborted or is preempted right after such a step leaves its last draft's position without draft KV, and
+a later prompt that hits that block in the prefix cache (the next turn of a chat) drafts over one stale entry there.
+That costs acceptance, never the target's tokens.
 
 For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's distribution
 under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the rejection sampler

@@ -31,6 +31,8 @@ class _DraftPosition:
         self.sampling_params = request.sampling_params
         self.eos_token_ids = request.eos_token_ids
         self.generator = request.generator
+        self.bad_words_token_ids = request.bad_words_token_ids
+        self.grammar = request.grammar  # (requests with a grammar get no drafts: this is their only position)
         self._request = request
         self._accepted = accepted
         self.num_output_tokens = request.num_output_tokens + len(accepted)

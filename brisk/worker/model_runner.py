@@ -138,7 +138,7 @@ class ModelRunner:
         self.model = load_model(model_config, device, load_format, attention_backend, seed)
         self.sampler = Sampler(device, seed)
         self.rejection_sampler = RejectionSampler(self.sampler, seed)
-        # A draft-model proposer (spec_decode/draft_model.py): drafts a step's tokens and mirrors its KV writes.
+        # A draft-model proposer (spec_decode/draft_model.py): drafts a step's tokens and keeps its own KV in step.
         self.drafter = None
         self.kv_caches: list[torch.Tensor] = []
         # The last launched step's sampled ids (on the device) and each sampling request's row in them.
@@ -206,8 +206,8 @@ class ModelRunner:
         """Allocate the persistent input buffers, then capture CUDA graphs where they apply: for decode steps, for
         one sequence's prefill of up to 1,024 tokens, for mixed steps of up to 2,048 tokens (packed graphs, not
         with a draft model) and, with speculation of ``k = num_speculative_tokens``, for
-        verification steps of ``1 + k`` rows per sequence (the draft model's passes and its mirror of those steps
-        too)."""
+        verification steps of ``1 + k`` rows per sequence (the draft model's passes, and its mirror of the steps
+        that mix drafts with plain rows, too)."""
         max_blocks = -(-self.model_config.max_model_len // self.block_size)
         max_tokens = max(max_num_batched_tokens, max_num_seqs)
         # One sequence more than a batch holds: a packed graph's padding rows are a sequence of their own.
@@ -225,7 +225,7 @@ class ModelRunner:
                 self.prefill_graphs.insert(0, StepGraphs(self.model, self.buffers, [1], max_len, q))
                 pool = self.prefill_graphs[0].capture(pool, "prefill")
             tokens = mixed_graph_tokens(max_num_batched_tokens, max_tokens, max_len)
-            if self.drafter is None and tokens:  # a draft model mirrors each step eagerly from the packed layout
+            if self.drafter is None and tokens:  # a draft model mirrors mixed steps eagerly from the packed layout
                 self.mixed_graphs = PackedStepGraphs(self.model, self.buffers, tokens, max_len, max_num_seqs + 1)
                 pool = self.mixed_graphs.capture(pool, "mixed-step")
             query_len = 1 + num_speculative_tokens
@@ -346,7 +346,8 @@ class ModelRunner:
             query_start_loc += list(range(query_start_loc[-1] + stride, padded * stride + 1, stride))
             seq_lens += [stride] * (padded - num_seqs)
         if drafted is not None:
-            assert not fed, "a step with drafts has no tokens in flight"
+            if fed:  # the engine launches a step with drafts only once nothing is in flight (Engine.step)
+                raise RuntimeError("a step with draft-model drafts cannot also read tokens still in flight")
             buf.upload(block_width, drafted.token_ids)
         else:
             buf.upload(block_width, self._last_sampled if fed else None)

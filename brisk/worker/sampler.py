@@ -193,12 +193,16 @@ class Sampler:
 
     @staticmethod
     def _processed(logits: torch.Tensor, requests) -> torch.Tensor:
-        """Float32 logits with penalties and min_tokens applied: what every row's choice is made from. A copy
-        even when the logits are float32 already (CPU): the caller's raw logits still give the logprobs."""
+        """Float32 logits with penalties, min_tokens and token constraints applied: what every row's choice is
+        made from (a request with token constraints gets no drafts, so its one row is an ordinary sampling
+        position). A copy even when the logits are float32 already (CPU): the caller's raw logits still give the
+        logprobs."""
         logits = logits.to(torch.float32, copy=True)
         if any(r.sampling_params.has_penalties for r in requests):
             _apply_penalties(logits, requests)
         _apply_min_tokens(logits, requests)
+        if any(r.sampling_params.has_token_constraints for r in requests):
+            _apply_token_constraints(logits, requests)
         return logits
 
     def target_argmax(self, logits: torch.Tensor, requests) -> torch.Tensor:

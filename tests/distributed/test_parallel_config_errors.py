@@ -32,7 +32,14 @@ from brisk.entrypoints.cli.main import main
                 "tensor_parallel_size": 2,
                 "speculative_config": {"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
             },
-            "speculative_config method 'draft_model' is not supported with more than one rank",
+            "speculative_config method 'draft_model' is not supported with worker processes",
+        ),
+        (
+            {
+                "distributed_executor_backend": "mp",
+                "speculative_config": {"method": "draft_model", "model": "x", "num_speculative_tokens": 2},
+            },
+            "speculative_config method 'draft_model' is not supported with worker processes",
         ),
     ],
 )

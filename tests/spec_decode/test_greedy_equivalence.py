@@ -150,3 +150,19 @@ def test_ngram_speculation_on_two_ranks(tiny_llama, baseline, tp, pp, disable_by
     else:  # the tiny model accepts few drafts: these few speculative steps reject theirs
         assert sum(o.metrics.num_draft_tokens for o in outputs) > 0
         assert max(in_flight) == pp - 1
+
+
+def test_constrained_rows_beside_drafts_keep_their_constraints(tiny_llama, baseline):
+    """A request with token constraints (logit bias, allowed tokens, bad words) gets no drafts, but it may share a
+    step with requests that verify theirs; the rejection sampler then samples its row, which must apply the
+    constraints as the plain sampler does."""
+    prompts, _ = baseline
+    allowed = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, allowed_token_ids=[5, 6])
+    biased = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logit_bias={7: 100.0})
+    params = [GREEDY, allowed, biased, GREEDY]
+    expected = token_ids(LLM(tiny_llama, device="cpu").generate(prompts[:4], params, use_tqdm=False))
+    outputs = LLM(tiny_llama, device="cpu", speculative_config=NGRAM).generate(prompts[:4], params, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    assert set(expected[1]) <= {5, 6} and set(expected[2]) == {7}
+    assert outputs[1].metrics.num_draft_tokens == outputs[2].metrics.num_draft_tokens == 0
+    assert outputs[0].metrics.num_draft_tokens + outputs[3].metrics.num_draft_tokens > 0  # shared steps
