@@ -78,6 +78,50 @@ def test_speculative_decoding_keeps_greedy_tokens(tiny, plain_fp32, method, tmp_
     assert all(replays.values()), replays  # the speculative steps ran in CUDA graphs
 
 
+def test_draft_kv_cache_follows_the_target_through_graphs_and_mixed_steps(tiny):
+    """With the target as its own draft, the two KV caches must agree at every computed position of every running
+    request after every step (all but the last position, which the next step writes), through the first-pass,
+    draft-pass, verification and mirror graphs: a request with a logit bias gets no drafts, so steps mix it with
+    speculating ones and the draft mirrors them, catching up requests whose drafts were all accepted; a small
+    cache forces preemptions."""
+    spec = {"method": "draft_model", "model": tiny, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    # 12 blocks of 16 tokens for both models (float32: 512 bytes a token each): too few for the four requests
+    llm = make(tiny, dtype="float32", speculative_config=spec, kv_cache_memory_bytes=12 * 16 * 1024, max_model_len=160)
+    engine = llm.engine
+    runner, scheduler = engine.model_runner, engine.scheduler
+    drafter = runner.drafter
+    replays = {"first_pass": 0, "draft": 0, "mirror": 0}
+    for name, graphs in (("first_pass", drafter.first_pass_graphs), ("draft", drafter.graphs),
+                         ("mirror", drafter.mirror_graphs)):  # fmt: skip
+
+        def counted(size, graphs=graphs, name=name, replay=graphs.replay):
+            replays[name] += 1
+            return replay(size)
+
+        graphs.replay = counted
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    biased = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, logit_bias={0: 0.0})
+    params = [greedy] * 3 + [biased]
+    expected = tokens(make(tiny, dtype="float32"), params, PROMPTS[:4])
+    bs = runner.block_size
+    for i, (prompt, p) in enumerate(zip(PROMPTS[:4], params)):
+        engine.add_request(str(i), prompt, p)
+    finished, checked = {}, 0
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id: o for o in engine.step() if o.finished}
+        for request in scheduler.running:
+            table = torch.tensor(engine.kv_cache_manager.get_block_ids(request.request_id))
+            positions = torch.arange(request.num_computed_tokens - 1)
+            blocks, offsets = table[positions // bs], positions % bs
+            for target, draft in zip(runner.kv_caches, drafter.runner.kv_caches):
+                at = blocks.to(target.device), offsets.to(target.device)
+                torch.testing.assert_close(draft[:, at[0], at[1]], target[:, at[0], at[1]])
+            checked += len(positions)
+    assert [finished[str(i)].outputs[0].token_ids for i in range(4)] == expected
+    assert checked > 1000 and all(replays.values()), replays
+    assert engine.get_stats().num_preemptions > 0
+
+
 def test_fp8_kv_cache_triton_matches_the_reference_and_prefix_caching(tiny):
     reference = tokens(make(tiny, dtype="float32", kv_cache_dtype="fp8", attention_backend="torch"))
     triton = make(tiny, dtype="float32", kv_cache_dtype="fp8", attention_backend="triton")
