@@ -451,7 +451,7 @@ class LLMEngine:
                 and not request.sampling_params.has_token_constraints
             ):
                 limit = self.scheduler.max_num_drafts(request)
-                request.spec_token_ids = self.proposer.propose(request.all_token_ids, limit)
+                request.spec_token_ids = self.proposer.propose(request, limit)
 
     def _pipelined_step(self) -> list[RequestOutput]:
         """Pipeline parallelism: keep one batch in flight per stage (each later batch holds the requests not

@@ -133,7 +133,7 @@ class DraftModelProposer:
             self.mirror_graphs = StepGraphs(self.runner.model, target_buffers, verify_graphs.sizes, max_len, q)
             self.mirror_graphs.capture(pool, "draft mirror")
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+    def propose(self, request: Request, max_tokens: int) -> list[int]:
         """Placeholders: reserve slots for ``min(k, max_tokens)`` drafts; :meth:`draft` writes the tokens once
         the step is scheduled (the draft's passes need the slots)."""
         return [0] * min(self.num_speculative_tokens, max_tokens)
