@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 from brisk import LLM, SamplingParams  # noqa: E402
 from brisk.bench.configs import W4A16_QUANTIZATION_CONFIG, write_config_folder  # noqa: E402
 from brisk.structured_outputs import StructuredOutputsParams  # noqa: E402
-from tests.spec_decode.test_draft_model import truncated_copy  # noqa: E402
+from tests.spec_decode.test_draft_model import run_checking_the_draft_kv, truncated_copy  # noqa: E402
 from tests.tiny_models import make_tiny_model  # noqa: E402
 
 PROMPTS = [
@@ -87,9 +87,7 @@ def test_draft_kv_cache_follows_the_target_through_graphs_and_mixed_steps(tiny):
     spec = {"method": "draft_model", "model": tiny, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     # 12 blocks of 16 tokens for both models (float32: 512 bytes a token each): too few for the four requests
     llm = make(tiny, dtype="float32", speculative_config=spec, kv_cache_memory_bytes=12 * 16 * 1024, max_model_len=160)
-    engine = llm.engine
-    runner, scheduler = engine.model_runner, engine.scheduler
-    drafter = runner.drafter
+    drafter = llm.engine.model_runner.drafter
     replays = {"first_pass": 0, "draft": 0, "mirror": 0}
     for name, graphs in (("first_pass", drafter.first_pass_graphs), ("draft", drafter.graphs),
                          ("mirror", drafter.mirror_graphs)):  # fmt: skip
@@ -103,23 +101,10 @@ def test_draft_kv_cache_follows_the_target_through_graphs_and_mixed_steps(tiny):
     biased = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, logit_bias={0: 0.0})
     params = [greedy] * 3 + [biased]
     expected = tokens(make(tiny, dtype="float32"), params, PROMPTS[:4])
-    bs = runner.block_size
-    for i, (prompt, p) in enumerate(zip(PROMPTS[:4], params)):
-        engine.add_request(str(i), prompt, p)
-    finished, checked = {}, 0
-    while engine.has_unfinished_requests():
-        finished |= {o.request_id: o for o in engine.step() if o.finished}
-        for request in scheduler.running:
-            table = torch.tensor(engine.kv_cache_manager.get_block_ids(request.request_id))
-            positions = torch.arange(request.num_computed_tokens - 1)
-            blocks, offsets = table[positions // bs], positions % bs
-            for target, draft in zip(runner.kv_caches, drafter.runner.kv_caches):
-                at = blocks.to(target.device), offsets.to(target.device)
-                torch.testing.assert_close(draft[:, at[0], at[1]], target[:, at[0], at[1]])
-            checked += len(positions)
-    assert [finished[str(i)].outputs[0].token_ids for i in range(4)] == expected
+    outputs, checked = run_checking_the_draft_kv(llm, PROMPTS[:4], params)
+    assert outputs == expected
     assert checked > 1000 and all(replays.values()), replays
-    assert engine.get_stats().num_preemptions > 0
+    assert llm.engine.get_stats().num_preemptions > 0
 
 
 def test_fp8_kv_cache_triton_matches_the_reference_and_prefix_caching(tiny):

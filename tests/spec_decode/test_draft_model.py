@@ -124,21 +124,29 @@ def test_the_draft_kv_cache_follows_the_target_step_by_step(tiny_llama, baseline
     config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config, kv_cache_memory_bytes=12 * 16 * 1024,
               max_model_len=160)  # fmt: skip
+    outputs, checked = run_checking_the_draft_kv(llm, prompts[:3], [params] * 3)
+    assert outputs == expected
+    assert checked > 1000 and llm.engine.get_stats().num_preemptions > 0
+
+
+def run_checking_the_draft_kv(llm: LLM, prompts: list, params: list[SamplingParams]) -> tuple[list[list[int]], int]:
+    """Run the requests step by step, asserting after every step that the draft's KV cache equals the target's at
+    every computed position of every running request but the last (the next step writes it). Returns each
+    request's tokens and how many positions were compared."""
     engine = llm.engine
-    runner, scheduler = engine.model_runner, engine.scheduler
-    target_caches, draft_caches = runner.kv_caches, runner.drafter.runner.kv_caches
+    runner = engine.model_runner
     bs = runner.block_size
-    for i, prompt in enumerate(prompts[:3]):
-        engine.add_request(str(i), prompt, params)
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, p)
     finished, checked = {}, 0
     while engine.has_unfinished_requests():
         finished |= {o.request_id: o for o in engine.step() if o.finished}
-        for request in scheduler.running:
+        for request in engine.scheduler.running:
             table = torch.tensor(engine.kv_cache_manager.get_block_ids(request.request_id))
             positions = torch.arange(request.num_computed_tokens - 1)
             blocks, offsets = table[positions // bs], positions % bs
-            for target, draft in zip(target_caches, draft_caches):
-                torch.testing.assert_close(draft[:, blocks, offsets], target[:, blocks, offsets])
+            for target, draft in zip(runner.kv_caches, runner.drafter.runner.kv_caches):
+                at = blocks.to(target.device), offsets.to(target.device)
+                torch.testing.assert_close(draft[:, at[0], at[1]], target[:, at[0], at[1]])
             checked += len(positions)
-    assert [finished[str(i)].outputs[0].token_ids for i in range(3)] == expected
-    assert checked > 1000 and engine.get_stats().num_preemptions > 0
+    return [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))], checked
