@@ -11,22 +11,22 @@ the target verifies them. The drafts stay on the device: the target's step reads
 sampling reads its token history, the host sees them with the verification's tokens in one read a step; the host
 does not wait for the device between the passes but for each pass's read of its inputs. The drafting passes write
 the draft's KV of every position they feed (the step's first token to its last draft but one), and accepted drafts
-keep theirs; the one position they never feed is the last draft's, so the first pass feeds two tokens per sequence,
-the one before the last known token and that token, and re-writes (or writes) the KV before the step's first. A step
-where every sequence has drafts therefore needs nothing more. Other steps (prompts, plain decodes) run the draft
-over the step's own tokens, slots and positions ("mirroring", :meth:`mirror`), first catching up sequences whose
-last verification accepted all their drafts and that now decode without drafts. One case stays behind: a request
-that ends, is aborted or is preempted right after such a step leaves its last draft's position without draft KV, and
-a later prompt that hits that block in the prefix cache (the next turn of a chat) drafts over one stale entry there.
-That costs acceptance, never the target's tokens.
+keep theirs; the one position they never feed is the last draft's, whose KV is missing when every draft was
+accepted: then the first pass feeds two tokens per sequence, the one before the last known token and that token
+(writing the missing KV, re-writing the others'), else one. A step where every sequence has drafts therefore needs
+nothing more. Other steps (prompts, plain decodes) run the draft over the step's own tokens, slots and positions
+("mirroring", :meth:`mirror`), first catching up sequences whose last verification accepted all their drafts and
+that now decode without drafts. One case stays behind: a request that ends, is aborted or is preempted right after
+such a step leaves its last draft's position without draft KV, and a later prompt that hits that block in the prefix
+cache (the next turn of a chat) drafts over one stale entry there. That costs acceptance, never the target's tokens.
 
 For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's distribution
 under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the rejection sampler
 (accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the target distribution.
 
-On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (two tokens
-a sequence, then one), each feeding the previous pass's tokens on the device, and the mirror replays the draft model
-over the target's input buffers in the shape the target's verification graph ran.
+On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (one or two
+tokens a sequence, then one), each feeding the previous pass's tokens on the device, and the mirror replays the
+draft model over the target's input buffers in the shape the target's verification graph ran.
 """
 
 from __future__ import annotations
@@ -153,15 +153,20 @@ class DraftModelProposer:
         for j in range(max(counts)):
             active = [i for i, c in enumerate(counts) if c > j]
             feeds = []
+            # The first pass starts from the last known token, after the one before it where a sequence lacks
+            # that one's KV (its last step accepted every draft): then every sequence feeds two tokens.
+            two = j == 0 and any(self._lacks_previous(rows[i]) for i in active)
             for i in active:
                 entry = rows[i]
                 table = out.block_tables[entry.request.request_id]
-                if j == 0:  # the token before the last known one (its KV may be missing), then that token
-                    s = entry.start
+                s = entry.start
+                if two:
                     feeds.append((entry.request.all_token_ids[s - 1 : s + 1], [s - 1, s], table))
+                elif j == 0:
+                    feeds.append(([entry.request.all_token_ids[s]], [s], table))
                 else:  # the previous pass's draft, still on the device
-                    feeds.append(([-1 - previous_row[i]], [entry.start + j], table))
-            hidden = self._run(feeds, self.first_pass_graphs if j == 0 else self.graphs, passes[-1] if passes else None)
+                    feeds.append(([-1 - previous_row[i]], [s + j], table))
+            hidden = self._run(feeds, self.first_pass_graphs if two else self.graphs, passes[-1] if passes else None)
             logits = self.runner.model.compute_logits(hidden)
             passes.append(self._choose(logits, [rows[i].request for i in active], q, active))
             previous_row = {i: row for row, i in enumerate(active)}
@@ -173,6 +178,12 @@ class DraftModelProposer:
             {e.request.request_id: ix for e, ix in zip(rows, index)},
             {e.request.request_id: torch.stack(qi) for e, qi in zip(rows, q) if qi},
         )
+
+    def _lacks_previous(self, entry) -> bool:
+        """Whether the draft's KV before the scheduled request's first token is missing: its last step ran no
+        mirror and that position held its last draft, which no pass feeds (all its drafts were accepted)."""
+        lagging = self._unmirrored.get(entry.request.request_id)
+        return lagging is not None and lagging[1] == entry.start - 1
 
     def _run(
         self,

@@ -111,22 +111,57 @@ def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
     assert all(o.metrics.num_accepted_tokens == o.metrics.num_draft_tokens > 0 for o in first)
 
 
-def test_the_draft_kv_cache_follows_the_target_step_by_step(tiny_llama, baseline):
-    """With the target as its own draft, both caches must hold the same KV at every computed position of every
-    running request after every step, whichever way the draft wrote it: its drafting passes (steps where every
-    request has drafts run no mirror), the two-token first pass that fills the last draft's position, the mirror
-    of prompt steps, and the catch-up of a request that decodes without drafts (they found no room in the nearly
-    full cache) after a step that accepted all of them. Only the position before the next token may still lag.
-    Without the catch-up, or with a one-token first pass, this fails."""
+def other_head_copy(source: str, folder: Path) -> str:
+    """``source`` with its (untied) LM head perturbed: the same KV at every position, other predictions, so as a
+    draft it has some drafts rejected while its cache must still equal the target's."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    assert not model.config.tie_word_embeddings
+    torch.manual_seed(0)
+    head = model.lm_head.weight.data
+    head += 0.3 * head.std() * torch.randn_like(head)
+    model.save_pretrained(folder)
+    for name in Path(source).iterdir():
+        if name.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(name, folder / name.name)
+    return str(folder)
+
+
+@pytest.mark.parametrize("draft_head", ["same", "other"])
+def test_the_draft_kv_cache_follows_the_target_step_by_step(tiny_llama, baseline, draft_head, tmp_path):
+    """With the target as its own draft (or with only its LM head changed, so that some drafts are rejected),
+    both caches must hold the same KV at every computed position of every running request after every step,
+    whichever way the draft wrote it: its drafting passes (steps where every request has drafts run no mirror), the
+    first pass of two tokens that fills the last draft's position after a step that accepted every draft (one
+    token otherwise), the mirror of prompt steps, and the catch-up of a request that decodes without drafts (they
+    found no room in the nearly full cache) after a step that accepted all of them. Only the position before the
+    next token may still lag. Without the catch-up, or with a one-token first pass after a step that accepted every
+    draft, this fails."""
     prompts, _ = baseline
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     expected = token_ids(LLM(tiny_llama, device="cpu", max_model_len=160).generate(prompts[:3], params, use_tqdm=False))
-    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    draft = tiny_llama if draft_head == "same" else other_head_copy(tiny_llama, tmp_path / "draft")
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": None}
     llm = LLM(tiny_llama, device="cpu", speculative_config=config, kv_cache_memory_bytes=12 * 16 * 1024,
               max_model_len=160)  # fmt: skip
+    drafter = llm.engine.model_runner.drafter
+    passes = []  # per step with drafts: the tokens a sequence of each drafting pass
+    draft, run = drafter.draft, drafter._run
+
+    def drafting(out):
+        passes.append([])
+        return draft(out)
+
+    drafter.draft = drafting
+    drafter._run = lambda feeds, *args: (passes[-1].append(len(feeds[0][1])) if passes else None) or run(feeds, *args)
     outputs, checked = run_checking_the_draft_kv(llm, prompts[:3], [params] * 3)
     assert outputs == expected
     assert checked > 1000 and llm.engine.get_stats().num_preemptions > 0
+    stats = llm.engine.get_stats()
+    if draft_head == "other":
+        assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+        assert {1, 2} <= {p[0] for p in passes if p}  # both kinds of first pass ran
 
 
 def run_checking_the_draft_kv(llm: LLM, prompts: list, params: list[SamplingParams]) -> tuple[list[list[int]], int]:
