@@ -110,9 +110,9 @@ class DraftModelProposer:
     def init_step_buffers(
         self, max_num_seqs: int, target_buffers: InputBuffers, verify_graphs: StepGraphs | None, use_graphs: bool
     ) -> None:
-        """The drafting passes' input buffers; with ``use_graphs``, their graphs (two tokens a sequence for the
-        first pass, one for the others) and, beside the target's ``verify_graphs``, the mirror's graphs of the
-        same sizes over the target's buffers."""
+        """The drafting passes' input buffers; with ``use_graphs``, their graphs (one token a sequence, and two for
+        a first pass that fills a missing position) and, beside the target's ``verify_graphs``, the mirror's graphs
+        of the same sizes over the target's buffers."""
         max_len = self.runner.model_config.max_model_len
         max_blocks = -(-max_len // self.block_size)
         self.buffers = InputBuffers(2 * max_num_seqs, max_num_seqs, max_blocks, self.device)
@@ -141,8 +141,8 @@ class DraftModelProposer:
     @torch.inference_mode()
     def draft(self, out: SchedulerOutput) -> DraftTokens:
         """The draft model's continuation of each request with placeholder drafts in ``out``, left on the device:
-        the target's step reads them there, and the host sees them with the verification's tokens, so the
-        device never waits for the host between the drafting passes and the target's pass."""
+        the target's step reads them there, and the host sees them with the verification's tokens, so it does not
+        wait for the drafts before it prepares and launches the target's pass."""
         rows = [e for e in out.scheduled if e.request.request_id in out.spec_token_ids]
         counts = [len(out.spec_token_ids[e.request.request_id]) for e in rows]
         q: list[list[torch.Tensor]] = [[] for _ in rows]
