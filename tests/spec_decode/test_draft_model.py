@@ -25,6 +25,11 @@ def truncated_copy(source: str, folder: Path, num_layers: int, **config_changes)
         setattr(model.config, key, value)
     if "vocab_size" in config_changes:
         model.resize_token_embeddings(config_changes["vocab_size"])
+    return save_with_tokenizer(model, source, folder)
+
+
+def save_with_tokenizer(model, source: str, folder: Path) -> str:
+    """Save ``model`` into ``folder`` with ``source``'s tokenizer files."""
     model.save_pretrained(folder)
     for name in Path(source).iterdir():
         if name.name.startswith(("tokenizer", "special_tokens")):
@@ -121,11 +126,7 @@ def other_head_copy(source: str, folder: Path) -> str:
     torch.manual_seed(0)
     head = model.lm_head.weight.data
     head += 0.3 * head.std() * torch.randn_like(head)
-    model.save_pretrained(folder)
-    for name in Path(source).iterdir():
-        if name.name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(name, folder / name.name)
-    return str(folder)
+    return save_with_tokenizer(model, source, folder)
 
 
 @pytest.mark.parametrize("draft_head", ["same", "other"])
