@@ -1,16 +1,17 @@
 """Perplexity of a real model in each weight and KV-cache format brisk runs, against its unquantized weights.
 
     python benchmarks/perplexity.py --model smollm2-135m-instruct [--formats base fp8 w4a16 ...] \
-        [--max-tokens 50035] [--window 1024] [--json FILE]
+        [--group-size 32] [--max-tokens 50035] [--window 1024] [--json FILE]
 
 The text is the Book of Genesis, King James Version (public domain; ``benchmarks/data/kjv-genesis.txt``), cut
 into windows of ``--window`` tokens that are scored independently: perplexity = exp(mean negative log-likelihood
 of every token but each window's first), from brisk's prompt logprobs. Each format is a checkpoint made from the
 model's unquantized folder as its library makes it (compressed-tensors presets for FP8, W8A8, W8A16, W4A16 and
-NVFP4, in groups of 128 inputs where the sizes allow, else 64), or the GPTQ and AWQ layouts as the tests write
-them (round-to-nearest: no calibration data, so they show the format's rounding, not GPTQ's error feedback), or
-an engine option (``fp8``: weights quantized while loading; ``fp8-kv``: the FP8 KV cache). ``base`` is the
-unquantized model (float32 on the CPU, bfloat16 on a GPU). Prints one row per format with its change against ``base``.
+NVFP4, in groups of 128 inputs where the sizes allow, else 64, or ``--group-size``), or the GPTQ and AWQ layouts as
+the tests write them (round-to-nearest: no calibration data, so they show the format's rounding, not GPTQ's error
+feedback), or an engine option (``fp8``: weights quantized while loading; ``fp8-kv``: the FP8 KV cache). ``base`` is
+the unquantized model (float32 on the CPU, bfloat16 on a GPU). Prints one row per format with its change against
+``base``.
 
 ``gptq-w4-calibrated`` and ``awq-w4-calibrated`` are 4-bit checkpoints made the way users make them: llmcompressor's
 ``oneshot`` with ``GPTQModifier`` (W4A16, symmetric) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
@@ -59,8 +60,14 @@ CALIBRATION_SAMPLES = 64
 CALIBRATION_LENGTH = 512
 
 
+GROUP_SIZE: int | None = None  # --group-size: the groups of every grouped and calibrated format when set
+
+
 def group_size(base: str) -> int:
-    """The largest of 128, 64, 32 that divides the hidden and MLP sizes (SmolLM2's 576 takes 64)."""
+    """``GROUP_SIZE``, else the largest of 128, 64, 32 that divides the hidden and MLP sizes (SmolLM2's 576 takes
+    64)."""
+    if GROUP_SIZE is not None:
+        return GROUP_SIZE
     config = json.loads((Path(base) / "config.json").read_text())
     sizes = (config["hidden_size"], config["intermediate_size"])
     return next(g for g in (128, 64, 32) if all(size % g == 0 for size in sizes))
@@ -142,11 +149,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
+    parser.add_argument("--group-size", type=int, default=None, help="groups of the grouped and calibrated formats")
     parser.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens of the text")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    global GROUP_SIZE
+    GROUP_SIZE = args.group_size
 
     on_gpu = args.device != "cpu" and torch.cuda.is_available()
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -169,7 +179,8 @@ def main() -> None:
             print(f"{fmt:12s} perplexity {ppl:9.4f}  {change:>8s}  ({count} tokens, {rows[-1]['seconds']:.0f} s)",
                   flush=True)  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "window": args.window, "rows": rows}, indent=1))
+        record = {"model": args.model, "window": args.window, "group_size": args.group_size, "rows": rows}
+        Path(args.json).write_text(json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

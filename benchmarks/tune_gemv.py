@@ -1,7 +1,11 @@
 """Sweep the decode GEMV (``brisk/layers/triton_gemv.py``) on a GPU (not a test) for the Llama-3.1-8B shape in bf16,
 beside cuBLAS, and time a whole batch-1 layer stack of projections fused and unfused.
 
-    python benchmarks/tune_gemv.py [--layers 32] [--top 4]
+    python benchmarks/tune_gemv.py [--layers 32] [--top 4] [--weights bf16|fp8|int8] [--default-only]
+
+``--weights fp8`` or ``int8`` gives the GEMV 8-bit weights with a float32 scale per output row (weight-only FP8 or
+INT8, as ``fused.scaled_dense`` calls it at one row; cuBLAS multiplies their bf16 dequantization) and tiles of up to
+twice as many values; the layer stack then times the fused bf16 GEMVs beside the 8-bit ones.
 
 Every timing is a CUDA graph of ``--layers`` launches over distinct weight copies, so that, as in a decode step,
 no weight stays in L2 and the gaps between launches count. Bandwidth is weight bytes over time; the H200's measured
@@ -31,6 +35,19 @@ PROJECTIONS = {  # name: (out features, in features)
 }
 DEFAULT_CONFIG = triton_gemv.gemv_config
 DEFAULT_PDL = triton_gemv.pdl_launch_options
+WEIGHT_BYTES = {"bf16": 2, "fp8": 1, "int8": 1}
+
+
+def quantized(weight: torch.Tensor, weights: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``weight`` in the format ``weights`` and its float32 scale per row (None for bf16)."""
+    if weights == "bf16":
+        return weight, None
+    if weights == "fp8":
+        from brisk.layers.quantization.fp8_utils import quantize_fp8_per_row as quantize
+    else:
+        from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row as quantize
+    q, scale = quantize(weight)
+    return q, scale.reshape(-1)
 
 
 def graph_ms(fn: Callable[[], object], replays: int = 20) -> float:
@@ -60,29 +77,35 @@ def use(config: GemvConfig | None, pdl: bool) -> None:
     triton_gemv.pdl_launch_options = DEFAULT_PDL if pdl else (lambda device, num_tokens: {"USE_PDL": False})
 
 
-def sweep_projection(name: str, layers: int, top: int) -> None:
+def sweep_projection(name: str, layers: int, top: int, weights_format: str, default_only: bool) -> None:
     n, k = PROJECTIONS[name]
-    copies = max(2, min(layers, int(4e9 // (n * k * 2))))
-    weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
+    size = WEIGHT_BYTES[weights_format]
+    copies = max(2, min(layers, int(4e9 // (n * k * size))))
+    weights = [quantized(torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02, weights_format)
+               for _ in range(copies)]  # fmt: skip
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-    gbytes = n * k * 2 * copies / 1e9
+    gbytes = n * k * size * copies / 1e9
 
     def chain(linear: Callable) -> Callable[[], None]:
-        return lambda: [linear(x, w, None) for w in weights]
+        return lambda: [linear(x, w, None, scale) for w, scale in weights]
 
-    cublas = graph_ms(chain(F.linear))
+    if weights_format == "bf16":
+        cublas = graph_ms(chain(lambda x, w, bias, scale: F.linear(x, w, bias)))
+    else:  # the bf16 weight's read, for reference
+        dense = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") for _ in range(copies)]
+        cublas = graph_ms(lambda: [F.linear(x, w) for w in dense]) * size / 2
     results = []
     tiled = [
         GemvConfig(bn, bk, warps, 0)
-        for bn, bk, warps in itertools.product((4, 8, 16), (1024, 2048, 4096), (4, 8))
-        if bk <= triton.next_power_of_2(k) and bn * bk <= 128 * 32 * warps
+        for bn, bk, warps in itertools.product((4, 8, 16), (1024, 2048, 4096, 8192), (4, 8))
+        if bk <= triton.next_power_of_2(k) and bn * bk * size <= 256 * 32 * warps
     ]
-    resident = [  # the input and up to two 32K-element weight tiles per program stay in registers
+    resident = [  # the input and up to two 64 KB weight tiles per program stay in registers
         GemvConfig(bn, triton.next_power_of_2(k), warps, per_sm)
         for bn, warps, per_sm in itertools.product((1, 2, 4, 8), (4, 8), (1, 2, 4, 8))
-        if bn * triton.next_power_of_2(k) <= 32768
+        if bn * triton.next_power_of_2(k) * size <= 65536
     ]
-    configs = [None, *tiled, *resident]
+    configs = [None] if default_only else [None, *tiled, *resident]
     for config in configs:
         use(config, pdl=False)
         try:
@@ -94,7 +117,8 @@ def sweep_projection(name: str, layers: int, top: int) -> None:
         use(config, pdl=True)
         results.append((graph_ms(chain(triton_gemv.gemv)), config, True))
     use(None, pdl=True)
-    print(f"{name} [{n} x {k}] x {copies}: cuBLAS {cublas / copies * 1e3:7.1f} us/launch "
+    cublas_label = "cuBLAS" if weights_format == "bf16" else "cuBLAS bf16 scaled to these bytes"
+    print(f"{name} [{n} x {k}] x {copies}, {weights_format}: {cublas_label} {cublas / copies * 1e3:7.1f} us/launch "
           f"{gbytes / cublas:5.2f} TB/s")  # fmt: skip
     ranked = sorted(results, key=lambda r: r[0])
     for ms, config, pdl in [r for r in results if r[1] is None] + ranked[:top]:
@@ -103,9 +127,9 @@ def sweep_projection(name: str, layers: int, top: int) -> None:
               f"({cublas / ms:4.2f}x cuBLAS)")  # fmt: skip
 
 
-def layer_stack(layers: int) -> None:
+def layer_stack(layers: int, weights_format: str) -> None:
     """The projections of ``layers`` decoder layers at batch 1: fused GEMVs vs separate norm and activation
-    kernels with cuBLAS."""
+    kernels with cuBLAS; with 8-bit weights, the fused GEMVs on them too."""
     dev, bf16 = "cuda", torch.bfloat16
     names = [name for name in PROJECTIONS if name != "lm_head"]
     stack = [
@@ -126,13 +150,18 @@ def layer_stack(layers: int) -> None:
             hidden = linear(triton_ops.silu_and_mul(linear(normed, w["gate_up_proj"], None)), w["down_proj"], None)
         return hidden
 
-    def fused() -> torch.Tensor:
+    plain = [{name: (w, None) for name, w in layer.items()} for layer in stack]
+
+    def fused(weights: list[dict] | None = None) -> torch.Tensor:
+        """The layers' fused GEMVs over ``weights`` (name -> weight and its row scales), by default ``plain``."""
         hidden, residual = x0, None
-        for w in stack:
-            qkv, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["qkv_proj"], None)
-            hidden = triton_gemv.gemv(qkv[:, :HIDDEN], w["o_proj"], None)
-            gate_up, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["gate_up_proj"], None)
-            hidden = triton_gemv.silu_and_mul_gemv(gate_up, w["down_proj"], None)
+        for w in weights or plain:
+            qkv, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["qkv_proj"][0], None,
+                                                      w["qkv_proj"][1])  # fmt: skip
+            hidden = triton_gemv.gemv(qkv[:, :HIDDEN], w["o_proj"][0], None, w["o_proj"][1])
+            gate_up, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["gate_up_proj"][0], None,
+                                                          w["gate_up_proj"][1])  # fmt: skip
+            hidden = triton_gemv.silu_and_mul_gemv(gate_up, w["down_proj"][0], None, w["down_proj"][1])
         return hidden
 
     base = graph_ms(unfused)
@@ -148,6 +177,11 @@ def layer_stack(layers: int) -> None:
     use(None, pdl=True)
     out, ref = fused().float(), unfused().float()
     print(f"  fused vs unfused: max difference {((out - ref).abs().max() / ref.abs().max()).item():.2e} of the largest")
+    if weights_format != "bf16":
+        eight_bit = [{name: quantized(w, weights_format) for name, w in layer.items()} for layer in stack]
+        ms = graph_ms(lambda: fused(eight_bit))
+        print(f"  fused GEMVs, {weights_format} weights    {ms:6.3f} ms  {gbytes / 2 / ms:5.2f} TB/s  "
+              f"({base / ms:4.2f}x)")  # fmt: skip
 
 
 def main() -> None:
@@ -156,11 +190,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--projections", default=",".join(PROJECTIONS))
     parser.add_argument("--skip-sweep", action="store_true", help="Only time the layer stack.")
+    parser.add_argument("--weights", default="bf16", choices=list(WEIGHT_BYTES))
+    parser.add_argument("--default-only", action="store_true", help="Time the default tiles only, no sweep.")
     args = parser.parse_args()
     if not args.skip_sweep:
         for name in args.projections.split(","):
-            sweep_projection(name, args.layers, args.top)
-    layer_stack(args.layers)
+            sweep_projection(name, args.layers, args.top, args.weights, args.default_only)
+    layer_stack(args.layers, args.weights)
 
 
 if __name__ == "__main__":

@@ -101,3 +101,20 @@ def test_8bit_weight_gemv_matches_the_dequantized_weight(n, k, fmt):
     gate_up = torch.randn(1, 2 * k, device=DEVICE)
     out = triton_gemv.silu_and_mul_gemv(gate_up, qweight, None, scale.view(-1))
     torch.testing.assert_close(out, F.linear(SiluAndMul._reference(gate_up), reference), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("k", [64, 4200])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+def test_8bit_gemv_widens_every_value_exactly(k, dtype):
+    """Row ``c`` of the weight holds 8-bit code ``c`` (e4m3's two NaN codes hold zero) and the input picks one
+    column of it, so each output is one weight value times its scale, exact: for FP8 subnormals (codes 1 to 7),
+    both zeros and the largest magnitude, for INT8 -128 to 127, in the resident and the tiled kernel."""
+    codes = torch.arange(256, dtype=torch.int32)
+    if dtype == torch.float8_e4m3fn:
+        codes = torch.where((codes & 0x7F) == 0x7F, 0, codes)
+    weight = codes.to(torch.uint8)[:, None].expand(256, k).contiguous().view(dtype).to(DEVICE)
+    scale = torch.ldexp(torch.ones(256), torch.randint(-20, 20, (256,))).to(DEVICE)  # exact products
+    x = torch.zeros(1, k, device=DEVICE)
+    x[0, k // 3] = 1.0
+    out = triton_gemv.gemv(x, weight, None, scale)
+    assert torch.equal(out[0], weight[:, 0].float() * scale)
