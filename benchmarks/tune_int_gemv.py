@@ -2,10 +2,14 @@
 the Llama-3.1-8B projections: time per projection and the bandwidth it reaches, beside the bf16 GEMV; then how
 ``torch._scaled_mm`` (FP8, row-wise scales, bf16 out) accumulates, against the float64 product of its operands.
 
-    python benchmarks/tune_int_gemv.py [--bits 4] [--group 128] [--rows 4,16]
+    python benchmarks/tune_int_gemv.py [--bits 4] [--group 128] [--rows 4,16] [--tinygemm 1,4,16]
 
 ``--rows``: the few-row INT GEMV (``gemv_rows_tile``'s choice and other tiles) at those row counts, beside
 dequantizing for cuBLAS (what those rows took before it) and the bf16 and FP8 few-row GEMVs.
+``--tinygemm``: at those row counts, PyTorch's own INT4 kernel (``torch._weight_int4pack_mm``, "tinygemm": groups
+of 32 to 256, bf16 scales and float zero points) on the same symmetric weights beside brisk's Triton INT4 kernels,
+and its largest difference from them; with a count above 16, the dequantization of either layout for cuBLAS
+(``triton_int_gemm.dequantize_packed``, ``tinygemm.dequantize``) too. Run alone (no sweep).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from triton.testing import do_bench
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from brisk.layers import triton_gemv, triton_gemv_rows  # noqa: E402
-from brisk.layers.quantization import triton_int_gemm  # noqa: E402
+from brisk.layers.quantization import tinygemm, triton_int_gemm  # noqa: E402
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
 from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows  # noqa: E402
 from brisk.layers.quantization.triton_int_gemm import GemvConfig, RowsTile  # noqa: E402
@@ -138,12 +142,50 @@ def scaled_mm_accumulation() -> None:
         print("  ".join(line))
 
 
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """The ``[N, K]`` codes of a ``[N, K * bits / 32]`` packed weight (``triton_int_gemm``'s layout)."""
+    shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
+    return ((packed[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(packed.shape[0], -1)
+
+
+def beside_tinygemm(group: int, row_counts: list[int]) -> None:
+    """us per projection at each row count: brisk's INT4 kernels (``int_weight_gemm``) and PyTorch's tinygemm
+    on the same symmetric 4-bit weights, whose dequantization ``(q - 8) * scale`` is tinygemm's with zero
+    points of 0, and the largest difference of tinygemm's output from brisk's over brisk's largest magnitude."""
+    torch.manual_seed(0)
+    dev = "cuda"
+    warm_up()
+    for name, (n, k) in SHAPES.items():
+        packed = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), device=dev, dtype=torch.int32)
+        scales = torch.rand(n, k // group, device=dev, dtype=torch.bfloat16) * 0.01
+        int4pack, scales_and_zeros = tinygemm.pack(unpack(packed, 4), scales, None)
+        line = [f"{name:8s} {n}x{k}, INT4 groups of {group}:"]
+        if row_counts[-1] > 16:  # more rows dequantize for cuBLAS: brisk's layout and tinygemm's
+            packed_us, layout_us = (do_bench(call, return_mode="median") * 1e3 for call in (
+                partial(triton_int_gemm.dequantize_packed, packed, scales, None, 4, group),
+                partial(tinygemm.dequantize, int4pack, scales_and_zeros, group)))  # fmt: skip
+            line.append(f"dequantize: brisk's layout {packed_us:.1f} us, tinygemm's {layout_us:.1f} us")
+        for rows in row_counts:
+            x = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
+            ours = partial(triton_int_gemm.int_weight_gemm, x, packed, scales, None, 4, group)
+            theirs = partial(torch._weight_int4pack_mm, x, int4pack, group, scales_and_zeros)
+            difference = ((theirs().float() - ours().float()).abs().max() / ours().float().abs().max()).item()
+            brisk_us, tinygemm_us = (do_bench(call, return_mode="median") * 1e3 for call in (ours, theirs))
+            line.append(f"{rows} rows: brisk {brisk_us:.1f} us, tinygemm {tinygemm_us:.1f} us, "
+                        f"difference {difference:.1e}")  # fmt: skip
+        print("\n  ".join(line), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group", type=int, default=128)
     parser.add_argument("--rows", default="", help="row counts for the few-row INT GEMV (e.g. 4,16; empty: none)")
+    parser.add_argument("--tinygemm", default="", help="row counts for PyTorch's INT4 kernel beside brisk's (1,4,16)")
     args = parser.parse_args()
+    if args.tinygemm:
+        beside_tinygemm(args.group, [int(r) for r in args.tinygemm.split(",")])
+        return
     for rows in [int(r) for r in args.rows.split(",") if r]:
         few_rows(args.bits, args.group, rows)
     sweep(args.bits, args.group)

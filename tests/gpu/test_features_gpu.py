@@ -4,8 +4,8 @@ without CUDA; the CPU suite covers each one's logic):
 - speculative decoding (n-gram and draft model): the plain path's greedy tokens (float32);
 - the FP8 KV cache: the Triton kernels give the torch reference backend's tokens on the same FP8 cache (float32),
   and prefix caching with chunked prefill gives the plain FP8 path's tokens;
-- FP8 weights (``torch._scaled_mm``, the FP8 GEMVs) and W4A16 weights (the Triton INT kernels) run end to end,
-  CUDA graphs giving the eager path's tokens (bf16: the same kernels);
+- FP8 weights (``torch._scaled_mm``, the FP8 GEMVs) and W4A16 weights (PyTorch's tinygemm in bf16) run end to
+  end, CUDA graphs giving the eager path's tokens (bf16: the same kernels);
 - a worker process (``distributed_executor_backend="mp"``) gives the in-process engine's tokens;
 - structured outputs and logit bias: the token bitmask and the bias applied on the device.
 """
@@ -123,7 +123,8 @@ def test_fp8_weights_cuda_graphs_match_eager(tiny):
     assert tokens(graphs) == tokens(eager)
 
 
-def test_w4a16_weights_run_through_the_int_gemm(tmp_path):
+def test_w4a16_weights_cuda_graphs_match_eager(tmp_path):
+    """bf16 W4A16 in groups of 128: tinygemm up to 16 rows, its layout dequantized for cuBLAS above."""
     folder = write_config_folder(
         tmp_path / "w4a16", "llama-tiny-shape", hidden_size=256, intermediate_size=512, head_dim=64,
         quantization_config=W4A16_QUANTIZATION_CONFIG, torch_dtype="bfloat16",
@@ -161,8 +162,8 @@ def test_structured_outputs_and_logit_bias_on_the_device(tiny):
 
 @pytest.mark.parametrize("desc_act", [False, True])
 def test_gptq_repacked_for_the_int_kernels(tiny, tmp_path, desc_act):
-    """GPTQ on CUDA goes through the Triton INT kernels (repacked at load, activation order sorted by group): the
-    CPU's float32 dequantization gives the same greedy tokens."""
+    """GPTQ on CUDA in float32 goes through the Triton INT kernels (repacked at load, activation order sorted by
+    group): the CPU's float32 dequantization gives the same greedy tokens."""
     from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
 
     folder, _ = make_gptq_checkpoint(tiny, tmp_path / "gptq", 4, 32, desc_act, False)

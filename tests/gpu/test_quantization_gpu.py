@@ -133,3 +133,49 @@ def test_fp4_dequantize_kernel_equals_the_torch_form(group):
     scales = torch.rand(28672, HIDDEN // group) * 0.01
     out = triton_fp4.dequantize_fp4(packed.to(DEV), scales.to(DEV), group, BF16)
     assert torch.equal(out.cpu(), dequantize_fp4(packed, scales, group, BF16))
+
+
+@pytest.mark.parametrize(("n", "k"), [(64, 512), (40, 192), (24, 96)])  # 8, 4 and 2 k-tiles a load
+def test_tinygemm_layout_is_the_one_the_dequantizing_kernel_reads(n, k):
+    """PyTorch's ``_convert_weight_to_int4pack`` (through ``tinygemm.pack``) writes the layout that
+    ``tests/quantization/test_tinygemm.py`` builds step by step and checks the dequantizing kernel against."""
+    from brisk.layers.quantization import tinygemm
+    from tests.quantization.test_tinygemm import tinygemm_layout
+
+    torch.manual_seed(k)
+    codes = torch.randint(0, 16, (n, k), dtype=torch.int32)
+    scales = torch.ones(n, k // 32, dtype=BF16, device=DEV)
+    packed, _ = tinygemm.pack(codes.to(DEV), scales, None)
+    assert torch.equal(packed.cpu(), tinygemm_layout(codes, tinygemm.inner_k_tiles(k)))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric):
+    """The INT4 path of bf16 models (``packed_int.kernel_linear`` on tinygemm's layout), qkv shape: tinygemm at
+    1, 5 and 16 rows and the dequantized weight with cuBLAS at 40, against the float64 product with the exact
+    ``(q - zero) * scale``; and the dequantizing kernel's bf16 weight equal to tinygemm's rounding of it."""
+    from torch import nn
+
+    from brisk.layers.quantization import tinygemm
+    from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights
+
+    torch.manual_seed(group)
+    n = 6144
+    codes = torch.randint(0, 16, (n, HIDDEN), device=DEV, dtype=torch.int32)
+    scales = (torch.rand(n, HIDDEN // group, device=DEV) * 0.01).to(BF16)
+    zeros = torch.randint(0, 16, scales.shape, device=DEV, dtype=torch.int32) if asymmetric else None
+    layer = nn.Module()
+    set_kernel_weights(layer, codes, scales, zeros, bits=4, group=group)
+    assert not hasattr(layer, "weight_packed")
+    signed = codes - (8 if zeros is None else zeros.repeat_interleave(group, 1))
+    exact = signed.double() * scales.double().repeat_interleave(group, 1)
+    sz = layer.weight_scales_and_zeros
+    tinygemm_rounding = ((codes - 8).float() * sz[..., 0].t().float().repeat_interleave(group, 1)
+                         + sz[..., 1].t().float().repeat_interleave(group, 1)).to(BF16)  # fmt: skip
+    assert torch.equal(tinygemm.dequantize(layer.weight_int4pack, sz, group), tinygemm_rounding)
+    for rows in (1, 5, 16, 40):
+        x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
+        out = kernel_linear(layer, x, None, bits=4, group=group)
+        max_error, frobenius = _errors(out, F.linear(x.double(), exact))
+        assert frobenius < FROBENIUS and max_error < MAX_ERROR, (rows, max_error, frobenius)

@@ -80,7 +80,7 @@ class AWQLinearMethod:
         if self.config.zero_point:
             del layer.qzeros
         if self.use_kernel:
-            set_kernel_weights(layer, weight_q, layer.scales.data.t(), zeros, bits=4)
+            set_kernel_weights(layer, weight_q, layer.scales.data.t(), zeros, bits=4, group=self.config.group_size)
             del layer.scales
             return
         layer.weight_q = nn.Parameter(weight_q, requires_grad=False)

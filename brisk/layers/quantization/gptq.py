@@ -131,7 +131,7 @@ class GPTQLinearMethod:
                            "tensor_parallel_size=1 or a checkpoint made with desc_act=False")  # fmt: skip
                 raise ValueError(f"GPTQ {self.prefix}: g_idx groups are not all {self.group} inputs long{why}.")
         scales, zeros = layer.scales.data[first : first + held], zeros[first : first + held]
-        set_kernel_weights(layer, weight_q, scales.t(), zeros.t(), self.config.bits, order)
+        set_kernel_weights(layer, weight_q, scales.t(), zeros.t(), self.config.bits, self.group, order)
         del layer.qweight, layer.qzeros, layer.scales, layer.g_idx
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,11 +1,13 @@
 """Integer weights packed into int32 words, and the form every integer format takes on a GPU.
 
 GPTQ, AWQ and compressed-tensors pack 4- or 8-bit values differently; on CUDA each converts its checkpoint once,
-at load time, into one layout that the Triton kernels of ``triton_int_gemm.py`` read: ``weight_packed [N, K *
-bits / 32]`` int32 (values along the inputs, low bits first), ``weight_scale [N, groups]`` in the model's dtype,
-``weight_zero_point [N, groups]`` int32 (unsigned; absent when it is the midpoint ``2 ** (bits - 1)``), and
-``input_order`` when the groups follow an activation order (GPTQ ``desc_act``): the inputs are then sorted by
-group, and each matmul gathers its input columns in that order."""
+at load time, into one of two layouts. 4-bit weights in bf16 models, in groups tinygemm reads, take PyTorch's
+tinygemm layout (``tinygemm.py``): ``weight_int4pack`` and ``weight_scales_and_zeros``. The others take the one the
+Triton kernels of ``triton_int_gemm.py`` read: ``weight_packed [N, K * bits / 32]`` int32 (values along the
+inputs, low bits first), ``weight_scale [N, groups]`` in the model's dtype, ``weight_zero_point [N, groups]`` int32
+(unsigned; absent when it is the midpoint ``2 ** (bits - 1)``). Either way ``input_order`` is there when the groups
+follow an activation order (GPTQ ``desc_act``): the inputs are then sorted by group, and each matmul gathers its
+input columns in that order."""
 
 from __future__ import annotations
 
@@ -43,14 +45,26 @@ def set_kernel_weights(
     scales: torch.Tensor,
     zeros: torch.Tensor | None,
     bits: int,
+    group: int,
     input_order: torch.Tensor | None = None,
 ) -> None:
     """Register the kernels' layout on ``layer`` from unsigned values ``weight_q [N, K]`` (inputs in checkpoint
-    order), ``scales`` and unsigned ``zeros`` ``[N, groups]`` (None: the midpoint) and, for an activation order,
-    ``input_order`` (the inputs sorted by group)."""
+    order), ``scales`` and unsigned ``zeros`` ``[N, groups]`` (None: the midpoint) in groups of ``group`` inputs
+    and, for an activation order, ``input_order`` (the inputs sorted by group). Parameters of the checkpoint's
+    that share these names go. (Only on CUDA, where Triton is installed.)"""
+    from brisk.layers.quantization import tinygemm
+
     if input_order is not None:
         weight_q = weight_q[:, input_order]
         replace_param(layer, "input_order", input_order)
+    for name in ("weight_packed", "weight_scale", "weight_zero_point"):
+        if hasattr(layer, name):
+            delattr(layer, name)
+    if tinygemm.takes(*weight_q.shape, bits, group, scales):
+        packed, scales_and_zeros = tinygemm.pack(weight_q, scales, zeros)
+        replace_param(layer, "weight_int4pack", packed)
+        replace_param(layer, "weight_scales_and_zeros", scales_and_zeros)
+        return
     replace_param(layer, "weight_packed", pack_int32(weight_q, bits, dim=1))
     replace_param(layer, "weight_scale", scales.contiguous())
     if zeros is not None:
@@ -58,11 +72,15 @@ def set_kernel_weights(
 
 
 def kernel_linear(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None, bits: int, group: int) -> torch.Tensor:
-    """``x W^T + b`` through the Triton kernels, for a layer set up by :func:`set_kernel_weights`."""
+    """``x W^T + b`` through tinygemm or the Triton kernels, for a layer set up by :func:`set_kernel_weights`."""
+    from brisk.layers.quantization import tinygemm
     from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
 
     if getattr(layer, "input_order", None) is not None:
         x = x.index_select(-1, layer.input_order)
-    zeros = getattr(layer, "weight_zero_point", None)
-    out = int_weight_gemm(x, layer.weight_packed, layer.weight_scale, zeros, bits, group)
+    if hasattr(layer, "weight_int4pack"):
+        out = tinygemm.linear(x, layer.weight_int4pack, layer.weight_scales_and_zeros, group)
+    else:
+        zeros = getattr(layer, "weight_zero_point", None)
+        out = int_weight_gemm(x, layer.weight_packed, layer.weight_scale, zeros, bits, group)
     return out if bias is None else out + bias

@@ -1,5 +1,6 @@
 """Triton weight-only integer GEMM: ``x @ W^T`` with ``W = (q - zero) * scale`` from packed 2-, 4- or 8-bit
-values, so batch-1 decode reads a quarter (int4) or half (int8) of a projection's bf16 bytes.
+values, so batch-1 decode reads a quarter (int4) or half (int8) of a projection's bf16 bytes. (4-bit weights of
+bf16 models in tinygemm's groups go to PyTorch's tinygemm instead, ``tinygemm.py``: faster from 1 to 16 rows.)
 
 Layout (compressed-tensors' ``pack-quantized``, kept as loaded): ``packed [N, K * bits / 32]`` int32, value ``k``
 of a row at bits ``(k % per_word) * bits`` of word ``k // per_word``, unsigned (offset ``2 ** (bits - 1)``

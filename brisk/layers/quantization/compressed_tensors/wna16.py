@@ -3,9 +3,11 @@ dimension (element ``i`` at bits ``i * num_bits``), a scale per output channel o
 inputs, a zero point per scale (asymmetric; packed along the output dimension); inputs stay unquantized.
 
 On the CPU the weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors
-does), so the computation equals the library's decompressed model. On CUDA the packed weight stays as loaded:
-one row goes to a Triton GEMV that unpacks it in registers, 2 to 16 rows to a tensor-core GEMV that dequantizes
-each tile in registers, more rows multiply a dequantized copy with cuBLAS (``triton_int_gemm.py``)."""
+does), so the computation equals the library's decompressed model. On CUDA it takes the kernels' layout
+(``packed_int.py``): 4-bit weights of bf16 models in groups of 32 to 256 PyTorch's tinygemm (``tinygemm.py``), the
+others brisk's Triton kernels, where one row goes to a GEMV that unpacks the words in registers, 2 to 16 rows to a
+tensor-core GEMV that dequantizes each tile in registers, more rows multiply a dequantized copy with cuBLAS
+(``triton_int_gemm.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from torch import nn
 from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import add_param, check_group_size, replace_param
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported, weight_strategy
-from brisk.layers.quantization.packed_int import unpack_int32, use_int_kernels
+from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights, unpack_int32, use_int_kernels
 
 SUPPORTED_BITS = (2, 4, 8)  # whole values per int32 word
 
@@ -76,18 +78,25 @@ class CompressedTensorsWNA16:
                 f"{self.prefix}: the checkpoint's weight_shape {layer.weight_shape.tolist()} does not match the "
                 f"layer's {expected}."
             )
-        # CUDA: the packed words stay as loaded for the Triton dequantizing GEMM, which takes unsigned zero
-        # points. Elsewhere: unpacked once, dequantized per matmul.
+        # CUDA: the kernels' layout (``packed_int.py``), with unsigned zero points. Elsewhere: unpacked once,
+        # dequantized per matmul.
         self.use_kernel = use_int_kernels(layer.weight_packed)
+        zeros = None
         if not self.symmetric:
             zeros = unpack_signed(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
-            offset = 1 << (self.num_bits - 1)
-            # Unpacked along the outputs, the zero points come out transposed in memory; the kernels read rows.
-            replace_param(layer, "weight_zero_point", (zeros.int() + offset).contiguous() if self.use_kernel else zeros)
-        if not self.use_kernel:
-            qweight = unpack_signed(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
-            replace_param(layer, "weight_q", qweight)
-            del layer.weight_packed
+        if self.use_kernel:
+            codes = unpack_int32(layer.weight_packed.data, self.num_bits, dim=1)[:, : layer.in_features]
+            unsigned_zeros = None if zeros is None else zeros.int() + (1 << (self.num_bits - 1))
+            set_kernel_weights(layer, codes, layer.weight_scale.data, unsigned_zeros, self.num_bits, self.group(layer))
+            return
+        if zeros is not None:
+            replace_param(layer, "weight_zero_point", zeros)
+        qweight = unpack_signed(layer.weight_packed.data, self.num_bits, layer.in_features, dim=1)
+        replace_param(layer, "weight_q", qweight)
+        del layer.weight_packed
+
+    def group(self, layer: nn.Module) -> int:
+        return self.group_size or layer.in_features
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """``(q - zero) * scale`` per group, in the scale's dtype (compressed-tensors' ``dequantize``)."""
@@ -99,10 +108,5 @@ class CompressedTensorsWNA16:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.use_kernel:
-            from brisk.layers.quantization.triton_int_gemm import int_weight_gemm
-
-            zeros = None if self.symmetric else layer.weight_zero_point
-            group = self.group_size or layer.in_features
-            out = int_weight_gemm(x, layer.weight_packed, layer.weight_scale, zeros, self.num_bits, group)
-            return out if bias is None else out + bias
+            return kernel_linear(layer, x, bias, self.num_bits, self.group(layer))
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
