@@ -13,8 +13,9 @@ feedback), or an engine option (``fp8``: weights quantized while loading; ``fp8-
 the unquantized model (float32 on the CPU, bfloat16 on a GPU). Prints one row per format with its change against
 ``base``.
 
-``gptq-w4-calibrated`` and ``awq-w4-calibrated`` are 4-bit checkpoints made the way users make them: llmcompressor's
-``oneshot`` with ``GPTQModifier`` (W4A16, symmetric) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
+``gptq-w4-calibrated``, ``gptq-w4-asym-calibrated`` and ``awq-w4-calibrated`` are 4-bit checkpoints made the way
+users make them: llmcompressor's ``oneshot`` with ``GPTQModifier`` (W4A16, symmetric, or W4A16_ASYM with zero
+points) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
 on every Linear but the LM head, in the groups above, saved as compressed-tensors. Their calibration text is not
 the scored text but English prose that every Python install has offline: the standard library's pydoc topics
 (``pydoc_data.topics``), joined, tokenized and cut into ``CALIBRATION_SAMPLES`` samples of ``CALIBRATION_LENGTH``
@@ -52,7 +53,11 @@ CT_PRESETS = {
     "nvfp4": "NVFP4A16",
 }
 GROUPED = ("w8a16", "w4a16", "gptq-w4")
-CALIBRATED = {"gptq-w4-calibrated": "W4A16", "awq-w4-calibrated": "W4A16_ASYM"}  # format -> llmcompressor scheme
+CALIBRATED = {  # format -> llmcompressor scheme
+    "gptq-w4-calibrated": "W4A16",
+    "gptq-w4-asym-calibrated": "W4A16_ASYM",
+    "awq-w4-calibrated": "W4A16_ASYM",
+}
 FORMATS = ["base", "fp8", "fp8-kv", *CT_PRESETS, "gptq-w4", "awq-w4", *CALIBRATED]
 # 64 x 512 = 32,768 of the pydoc topics' ~113k tokens: enough for GPTQ's Hessians and AWQ's activation scales
 # on these small models, and GPTQ calibrates SmolLM2-135M in about 5 minutes on two CPU cores.
