@@ -149,12 +149,13 @@ def test_tinygemm_layout_is_the_one_the_dequantizing_kernel_reads(n, k):
     assert torch.equal(packed.cpu(), tinygemm_layout(codes, tinygemm.inner_k_tiles(k)))
 
 
-@pytest.mark.parametrize("group", [32, 128])
-@pytest.mark.parametrize("asymmetric", [False, True])
-def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric):
+@pytest.mark.parametrize(("group", "asymmetric", "activation_order"),
+                         [(32, False, False), (32, True, False), (128, False, False), (128, True, True)])  # fmt: skip
+def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric, activation_order):
     """The INT4 path of bf16 models (``packed_int.kernel_linear`` on tinygemm's layout), qkv shape: tinygemm at
     1, 5 and 16 rows and the dequantized weight with cuBLAS at 40, against the float64 product with the exact
-    ``(q - zero) * scale``; and the dequantizing kernel's bf16 weight equal to tinygemm's rounding of it."""
+    ``(q - zero) * scale``; the dequantizing kernel's bf16 weight equal to tinygemm's rounding of it; and with an
+    activation order (GPTQ ``desc_act``: the groups gather inputs from anywhere), the inputs sorted by group."""
     from torch import nn
 
     from brisk.layers.quantization import tinygemm
@@ -162,16 +163,22 @@ def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric):
 
     torch.manual_seed(group)
     n = 6144
-    codes = torch.randint(0, 16, (n, HIDDEN), device=DEV, dtype=torch.int32)
+    codes = torch.randint(0, 16, (n, HIDDEN), device=DEV, dtype=torch.int32)  # inputs in checkpoint order
     scales = (torch.rand(n, HIDDEN // group, device=DEV) * 0.01).to(BF16)
     zeros = torch.randint(0, 16, scales.shape, device=DEV, dtype=torch.int32) if asymmetric else None
+    # Input i belongs to group g_idx[i]: in order, or shuffled; input_order sorts the inputs by group.
+    g_idx = torch.arange(HIDDEN, device=DEV) // group
+    if activation_order:
+        g_idx = g_idx[torch.randperm(HIDDEN, device=DEV)]
+    order = torch.sort(g_idx, stable=True).indices if activation_order else None
     layer = nn.Module()
-    set_kernel_weights(layer, codes, scales, zeros, bits=4, group=group)
+    set_kernel_weights(layer, codes, scales, zeros, bits=4, group=group, input_order=order)
     assert not hasattr(layer, "weight_packed")
-    signed = codes - (8 if zeros is None else zeros.repeat_interleave(group, 1))
-    exact = signed.double() * scales.double().repeat_interleave(group, 1)
+    signed = codes - (8 if zeros is None else zeros[:, g_idx])
+    exact = signed.double() * scales.double()[:, g_idx]
     sz = layer.weight_scales_and_zeros
-    tinygemm_rounding = ((codes - 8).float() * sz[..., 0].t().float().repeat_interleave(group, 1)
+    sorted_codes = codes if order is None else codes[:, order]
+    tinygemm_rounding = ((sorted_codes - 8).float() * sz[..., 0].t().float().repeat_interleave(group, 1)
                          + sz[..., 1].t().float().repeat_interleave(group, 1)).to(BF16)  # fmt: skip
     assert torch.equal(tinygemm.dequantize(layer.weight_int4pack, sz, group), tinygemm_rounding)
     for rows in (1, 5, 16, 40):
