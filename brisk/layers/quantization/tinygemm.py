@@ -110,7 +110,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor
     """``x [..., K] @ W^T`` for a tinygemm-packed ``W``: tinygemm up to ``MAX_ROWS`` rows, cuBLAS on the
     dequantized weight above."""
     rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] <= MAX_ROWS:
+    if 0 < rows.shape[0] <= MAX_ROWS:  # (no rows: tinygemm would launch an empty grid)
         out = torch._weight_int4pack_mm(rows.contiguous(), packed, group, scales_and_zeros)
     else:
         out = F.linear(rows, dequantize(packed, scales_and_zeros, group))
