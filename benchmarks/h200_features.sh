@@ -5,8 +5,9 @@
 #   bash benchmarks/h200_features.sh STAGE...   stages, run in the order given:
 #     tests    tests/gpu (every GPU test, the features' included; BRISK_TESTS narrows it: pytest paths/flags)
 #     tune     the INT4 and FP8 GEMV tiles on the 8B projections, at 1 row and at 4 and 16 (tune_int_gemv.py,
-#              tune_gemv_rows.py --fp8-rows), and the decode kernel over an FP8 cache (tune_decode_attention.py)
-#     w3quant  W3 (batch 1) in bf16, FP8 weights, FP8 weights and FP8 KV cache, and W4A16 weights
+#              tune_gemv_rows.py --fp8-rows), PyTorch's tinygemm beside brisk's INT4 kernels (tune_int_gemv.py
+#              --tinygemm), and the decode kernel over an FP8 cache (tune_decode_attention.py)
+#     w3quant  W3 (batch 1) in bf16, FP8 weights, FP8 weights and FP8 KV cache, and W4A16 weights (also at batch 8)
 #     w1quant  W1 in bf16, FP8 weights, FP8 KV cache, and both
 #     w4quant  W4 (32k context) with FP8 weights, an FP8 KV cache, and both
 #     profile4 the kernels of 8 x 32,000-token prompts (prefill and 32 decode steps) with FP8 weights and FP8 KV
@@ -34,6 +35,7 @@ stage_tests() {
 }
 stage_tune() {
     python3 benchmarks/tune_int_gemv.py --rows 4,16 2>&1 | tee "$OUT/tune_int_gemv.log" | tail -40
+    python3 benchmarks/tune_int_gemv.py --tinygemm 1,4,16,2048 2>&1 | tee "$OUT/tinygemm.log" | tail -24
     python3 benchmarks/tune_gemv_rows.py --rows "" --sweep-rows "" --fp8-rows 8,16 2>&1 |
         tee "$OUT/tune_gemv_rows_fp8.log" | tail -8
     python3 benchmarks/tune_decode_attention.py --shapes 8x32000,1x32000,256x820 --max-model-len 33000 \
@@ -45,6 +47,7 @@ stage_w3quant() {
     brisk bench latency --model llama-3.1-8b-shape --quantization fp8 --kv-cache-dtype fp8 \
         --output-json "$OUT/w3_fp8_fp8kv.json" | tail -3
     brisk bench latency --model llama-3.1-8b-shape-w4a16 --output-json "$OUT/w3_w4a16.json" | tail -3
+    brisk bench latency --model llama-3.1-8b-shape-w4a16 --batch-size 8 --output-json "$OUT/w3_w4a16_b8.json" | tail -3
 }
 stage_w1quant() {
     brisk bench throughput --workload W1 --model llama-3.1-8b-shape --output-json "$OUT/w1_bf16.json" | tail -3
