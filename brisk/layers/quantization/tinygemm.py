@@ -43,6 +43,7 @@ def takes(n: int, k: int, bits: int, group: int, scales: torch.Tensor) -> bool:
         and scales.is_cuda
         and n % 8 == 0
         and k % 32 == 0
+        and k % group == 0
         and hasattr(torch, "_weight_int4pack_mm")
         and torch.cuda.get_device_capability(scales.device) >= (8, 0)
     )
