@@ -35,7 +35,7 @@ def inner_k_tiles(k: int) -> int:
 def takes(n: int, k: int, bits: int, group: int, scales: torch.Tensor) -> bool:
     """Whether a ``[n, k]`` weight of ``bits``-bit values in groups of ``group``, with scales in the model's dtype,
     goes to tinygemm: 4 bits, its group sizes, bf16, a CUDA GPU with bf16 tensor cores, whole n-tiles and
-    k-tile pairs."""
+    k-tile pairs, PyTorch 2.5 or newer."""
     return (
         bits == 4
         and group in GROUPS
@@ -44,7 +44,7 @@ def takes(n: int, k: int, bits: int, group: int, scales: torch.Tensor) -> bool:
         and n % 8 == 0
         and k % 32 == 0
         and k % group == 0
-        and hasattr(torch, "_weight_int4pack_mm")
+        and torch.__version__ >= "2.5"  # since when the layout converter takes two values a byte
         and torch.cuda.get_device_capability(scales.device) >= (8, 0)
     )
 
