@@ -51,7 +51,7 @@ def set_kernel_weights(
     """Register the kernels' layout on ``layer`` from unsigned values ``weight_q [N, K]`` (inputs in checkpoint
     order), ``scales`` and unsigned ``zeros`` ``[N, groups]`` (None: the midpoint) in groups of ``group`` inputs
     and, for an activation order, ``input_order`` (the inputs sorted by group). Parameters of the checkpoint's
-    that share these names go. (Only on CUDA, where Triton is installed.)"""
+    that share these names go. (Triton must be installed: tinygemm's module imports it.)"""
     from brisk.layers.quantization import tinygemm
 
     if input_order is not None:

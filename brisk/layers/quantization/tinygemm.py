@@ -6,7 +6,9 @@ each lane loads 16 bytes of weights that are already where its MMA wants them, a
 Llama-3.1-8B projections, groups of 128) a layer's four projections took 109 us at 4 rows against 235 for
 brisk's few-row Triton GEMV and 93 against 97 at one row (groups of 32: 113 against 104); at 16 rows 267 against
 236, still ahead of dequantizing for cuBLAS. Its rounding of each weight to bf16 is the one the cuBLAS path for
-more rows always had.
+more rows always had; asymmetric weights also carry their zero point rounded to bf16, an error of up to 1/32 of
+the group's scale shared by the group (the size of a weight's own rounding), where brisk's Triton kernels take it
+exactly.
 
 Layout (PyTorch's ``_convert_weight_to_int4pack``): ``[N / 8, K / (16 * inner), 32, inner / 2]`` int32, ``inner``
 k-tiles of 16 inputs a 4-, 8- or 16-byte load. Word ``j`` of lane ``t`` in (n-tile, k-group) holds output
@@ -25,6 +27,9 @@ import triton.language as tl
 
 GROUPS = (32, 64, 128, 256)  # the group sizes tinygemm reads
 MAX_ROWS = 16  # rows up to which tinygemm multiplies; more dequantize for cuBLAS
+# n-tiles (8 outputs each) a dequantizing program writes: 32 rows of 128 inputs for the 8B shapes, faster than the
+# packed words' kernel on an H100 (``tune_int_gemv.py --tinygemm``); not swept.
+DEQUANTIZE_N_TILES = 4
 
 
 def inner_k_tiles(k: int) -> int:
@@ -35,7 +40,7 @@ def inner_k_tiles(k: int) -> int:
 def takes(n: int, k: int, bits: int, group: int, scales: torch.Tensor) -> bool:
     """Whether a ``[n, k]`` weight of ``bits``-bit values in groups of ``group``, with scales in the model's dtype,
     goes to tinygemm: 4 bits, its group sizes, bf16, a CUDA GPU with bf16 tensor cores, whole n-tiles and
-    k-tile pairs, PyTorch 2.5 or newer."""
+    k-tile pairs, PyTorch 2.5 or newer on CUDA."""
     return (
         bits == 4
         and group in GROUPS
@@ -45,6 +50,7 @@ def takes(n: int, k: int, bits: int, group: int, scales: torch.Tensor) -> bool:
         and k % 32 == 0
         and k % group == 0
         and torch.__version__ >= "2.5"  # since when the layout converter takes two values a byte
+        and torch.version.hip is None  # ROCm's converter writes another layout (64 lanes)
         and torch.cuda.get_device_capability(scales.device) >= (8, 0)
     )
 
@@ -100,9 +106,8 @@ def dequantize(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
     n_tiles, k_groups, _, half = packed.shape
     n, k = scales_and_zeros.shape[1], k_groups * 32 * half
     out = torch.empty(n, k, dtype=scales_and_zeros.dtype, device=packed.device)
-    tiles_a_program = 4
-    _dequantize_kernel[(triton.cdiv(n_tiles, tiles_a_program), k_groups)](
-        packed, scales_and_zeros, out, n, k, k_groups, GROUP=group, INNER=2 * half, N_TILES=tiles_a_program,
+    _dequantize_kernel[(triton.cdiv(n_tiles, DEQUANTIZE_N_TILES), k_groups)](
+        packed, scales_and_zeros, out, n, k, k_groups, GROUP=group, INNER=2 * half, N_TILES=DEQUANTIZE_N_TILES,
     )  # fmt: skip
     return out
 
@@ -111,7 +116,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor
     """``x [..., K] @ W^T`` for a tinygemm-packed ``W``: tinygemm up to ``MAX_ROWS`` rows, cuBLAS on the
     dequantized weight above."""
     rows = x.reshape(-1, x.shape[-1])
-    if 0 < rows.shape[0] <= MAX_ROWS:  # (no rows: tinygemm would launch an empty grid)
+    if rows.shape[0] == 0:  # tinygemm would launch an empty grid
+        out = rows.new_empty(0, scales_and_zeros.shape[1])
+    elif rows.shape[0] <= MAX_ROWS:
         out = torch._weight_int4pack_mm(rows.contiguous(), packed, group, scales_and_zeros)
     else:
         out = F.linear(rows, dequantize(packed, scales_and_zeros, group))

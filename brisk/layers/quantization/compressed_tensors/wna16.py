@@ -3,11 +3,10 @@ dimension (element ``i`` at bits ``i * num_bits``), a scale per output channel o
 inputs, a zero point per scale (asymmetric; packed along the output dimension); inputs stay unquantized.
 
 On the CPU the weight is dequantized for each matmul (``(q - zero) * scale`` in float32, as compressed-tensors
-does), so the computation equals the library's decompressed model. On CUDA it takes the kernels' layout
-(``packed_int.py``): 4-bit weights of bf16 models in groups of 32 to 256 PyTorch's tinygemm (``tinygemm.py``), the
-others brisk's Triton kernels, where one row goes to a GEMV that unpacks the words in registers, 2 to 16 rows to a
-tensor-core GEMV that dequantizes each tile in registers, more rows multiply a dequantized copy with cuBLAS
-(``triton_int_gemm.py``)."""
+does), so the computation equals the library's decompressed model. On CUDA 4-bit weights of bf16 models in groups
+of 32 to 256 are repacked for PyTorch's tinygemm (``tinygemm.py``); the others stay as loaded for brisk's Triton
+kernels, where one row goes to a GEMV that unpacks the words in registers, 2 to 16 rows to a tensor-core GEMV that
+dequantizes each tile in registers, more rows multiply a dequantized copy with cuBLAS (``triton_int_gemm.py``)."""
 
 from __future__ import annotations
 
@@ -78,16 +77,23 @@ class CompressedTensorsWNA16:
                 f"{self.prefix}: the checkpoint's weight_shape {layer.weight_shape.tolist()} does not match the "
                 f"layer's {expected}."
             )
-        # CUDA: the kernels' layout (``packed_int.py``), with unsigned zero points. Elsewhere: unpacked once,
-        # dequantized per matmul.
+        # CUDA: tinygemm's layout where it takes the weight, else the packed words stay as loaded for the Triton
+        # kernels (``packed_int.py``); unsigned zero points either way. Elsewhere: unpacked once, dequantized per
+        # matmul.
         self.use_kernel = use_int_kernels(layer.weight_packed)
         zeros = None
         if not self.symmetric:
             zeros = unpack_signed(layer.weight_zero_point.data, self.num_bits, layer.out_features, dim=0)
         if self.use_kernel:
-            codes = unpack_int32(layer.weight_packed.data, self.num_bits, dim=1)[:, : layer.in_features]
-            unsigned_zeros = None if zeros is None else zeros.int() + (1 << (self.num_bits - 1))
-            set_kernel_weights(layer, codes, layer.weight_scale.data, unsigned_zeros, self.num_bits, self.group(layer))
+            from brisk.layers.quantization import tinygemm
+
+            group, scales = self.group(layer), layer.weight_scale.data
+            unsigned_zeros = None if zeros is None else (zeros.int() + (1 << (self.num_bits - 1))).contiguous()
+            if tinygemm.takes(layer.out_features, layer.in_features, self.num_bits, group, scales):
+                codes = unpack_int32(layer.weight_packed.data, self.num_bits, dim=1)
+                set_kernel_weights(layer, codes, scales, unsigned_zeros, self.num_bits, group)
+            elif unsigned_zeros is not None:
+                replace_param(layer, "weight_zero_point", unsigned_zeros)
             return
         if zeros is not None:
             replace_param(layer, "weight_zero_point", zeros)
@@ -96,6 +102,7 @@ class CompressedTensorsWNA16:
         del layer.weight_packed
 
     def group(self, layer: nn.Module) -> int:
+        """Inputs under one scale: the group size, or all of them (one scale per output channel)."""
         return self.group_size or layer.in_features
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
