@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from brisk.layers import triton_gemv, triton_gemv_rows  # noqa: E402
 from brisk.layers.quantization import tinygemm, triton_int_gemm  # noqa: E402
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row  # noqa: E402
+from brisk.layers.quantization.packed_int import unpack_int32  # noqa: E402
 from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows  # noqa: E402
 from brisk.layers.quantization.triton_int_gemm import GemvConfig, RowsTile  # noqa: E402
 
@@ -142,12 +143,6 @@ def scaled_mm_accumulation() -> None:
         print("  ".join(line))
 
 
-def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """The ``[N, K]`` codes of a ``[N, K * bits / 32]`` packed weight (``triton_int_gemm``'s layout)."""
-    shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
-    return ((packed[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(packed.shape[0], -1)
-
-
 def beside_tinygemm(group: int, row_counts: list[int]) -> None:
     """us per projection at each row count: brisk's INT4 kernels (``int_weight_gemm``) and PyTorch's tinygemm
     on the same symmetric 4-bit weights, whose dequantization ``(q - 8) * scale`` is tinygemm's with zero
@@ -158,7 +153,7 @@ def beside_tinygemm(group: int, row_counts: list[int]) -> None:
     for name, (n, k) in SHAPES.items():
         packed = torch.randint(-(2**31), 2**31 - 1, (n, k // 8), device=dev, dtype=torch.int32)
         scales = torch.rand(n, k // group, device=dev, dtype=torch.bfloat16) * 0.01
-        int4pack, scales_and_zeros = tinygemm.pack(unpack(packed, 4), scales, None)
+        int4pack, scales_and_zeros = tinygemm.pack(unpack_int32(packed, 4, dim=1), scales, None)
         line = [f"{name:8s} {n}x{k}, INT4 groups of {group}:"]
         if row_counts[-1] > 16:  # more rows dequantize for cuBLAS: brisk's layout and tinygemm's
             packed_us, layout_us = (do_bench(call, return_mode="median") * 1e3 for call in (

@@ -160,6 +160,7 @@ def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric, activat
 
     from brisk.layers.quantization import tinygemm
     from brisk.layers.quantization.packed_int import kernel_linear, set_kernel_weights
+    from tests.quantization.test_tinygemm import tinygemm_reference
 
     torch.manual_seed(group)
     n = 6144
@@ -178,8 +179,7 @@ def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric, activat
     exact = signed.double() * scales.double()[:, g_idx]
     sz = layer.weight_scales_and_zeros
     sorted_codes = codes if order is None else codes[:, order]
-    tinygemm_rounding = ((sorted_codes - 8).float() * sz[..., 0].t().float().repeat_interleave(group, 1)
-                         + sz[..., 1].t().float().repeat_interleave(group, 1)).to(BF16)  # fmt: skip
+    tinygemm_rounding = tinygemm_reference(sorted_codes, sz, group).to(BF16)
     assert torch.equal(tinygemm.dequantize(layer.weight_int4pack, sz, group), tinygemm_rounding)
     for rows in (1, 5, 16, 40):
         x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
