@@ -4,11 +4,11 @@ kernels) through each at every row count: the row counts where the GEMV's stack 
 ``brisk.layers.fused.GEMV_MAX_ROWS`` should cover.
 
     python benchmarks/tune_gemv_rows.py [--rows 2,4,8,16,32] [--sweep-rows 4,16] [--layers 32] [--top 4]
-        [--fp8-rows 8,16]
+        [--fp8-rows 8,16] [--int8-rows 8]
 
 ``--fp8-rows``: each projection with FP8 weights (``quantization="fp8"``'s layout) through the weight-only FP8
 GEMV, beside the bf16 GEMV and the ``torch._scaled_mm`` path that larger batches take (inputs quantized per
-token, then the FP8 GEMM).
+token, then the FP8 GEMM); ``--int8-rows`` the same with INT8 weights (W8A8's layout).
 
 Timings as in ``tune_gemv.py``: CUDA graphs over distinct weight copies, so that no weight stays in L2.
 """
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tune_gemv import HIDDEN, PROJECTIONS, graph_ms
 
 from brisk.layers import triton_gemv_rows, triton_ops
+from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row
 from brisk.layers.quantization.fp8_utils import quantize_fp8_per_row
 from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
 from brisk.layers.triton_gemv_rows import GemvRowsConfig
@@ -35,7 +36,7 @@ SWEEP = [  # tiles whose pipelined loads fit in 160 KB of shared memory
     if (block_n + 16) * block_k * 2 * stages <= 160 * 1024 and (warps == 4 or block_n == 128)
 ]
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-FP8_CONFIGS = [GemvRowsConfig(64, 512, 4, 4), GemvRowsConfig(64, 512, 8, 4), GemvRowsConfig(64, 256, 8, 4)]
+FP8_CONFIGS = [GemvRowsConfig(*c) for c in ((64, 256, 4, 4), (32, 512, 4, 4), (16, 512, 4, 4), (32, 256, 2, 4))]
 
 
 def use(config: GemvRowsConfig | None) -> None:
@@ -68,13 +69,16 @@ def sweep_projection(name: str, rows: int, layers: int, top: int) -> None:
               f"({cublas / time_us:4.2f}x cuBLAS)")  # fmt: skip
 
 
-def fp8_projection(name: str, rows: int, layers: int) -> None:
-    """One projection at ``rows`` rows: bf16 weights through the GEMV; FP8 weights through the weight-only FP8
-    GEMV and through per-token input quantization plus ``torch._scaled_mm``."""
+def fp8_projection(name: str, rows: int, layers: int, fmt: str = "fp8") -> None:
+    """One projection at ``rows`` rows: bf16 weights through the GEMV; FP8 (or INT8) weights through the
+    weight-only 8-bit GEMV and through per-token input quantization plus ``torch._scaled_mm`` (FP8's GEMM, beside
+    INT8 too as the yardstick)."""
     n, k = PROJECTIONS[name]
     copies = max(2, min(layers, int(4e9 // (n * k * 2))))
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
     fp8 = [quantize_fp8_per_row(w) for w in weights]
+    quantized = fp8 if fmt == "fp8" else [quantize_int8_per_row(w) for w in weights]
+    eight_bit = [(q, None, s) for q, s in quantized]  # gemv_rows's weight, bias, scale
     x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
 
     def scaled_mm(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -87,18 +91,18 @@ def fp8_projection(name: str, rows: int, layers: int) -> None:
 
     bf16 = us(lambda: [triton_gemv_rows.gemv_rows(x, w, None) for w in weights])
     wide = []
-    for config in FP8_CONFIGS:  # wider K steps, more warps
+    for config in FP8_CONFIGS:  # other tiles
         use(config)
-        wide.append(f"{tuple(config)} {us(lambda: [triton_gemv_rows.gemv_rows(x, q, None, s) for q, s in fp8]):.1f}")
+        wide.append(f"{tuple(config)} {us(lambda: [triton_gemv_rows.gemv_rows(x, *w) for w in eight_bit]):.1f}")
     use(None)
-    gemv = us(lambda: [triton_gemv_rows.gemv_rows(x, q, None, s) for q, s in fp8])
+    gemv = us(lambda: [triton_gemv_rows.gemv_rows(x, *w) for w in eight_bit])
     mm = us(lambda: [scaled_mm(q, s) for q, s in fp8])
-    qweight, scale = fp8[0]
+    qweight, _, scale = eight_bit[0]
     ref = F.linear(x.float(), qweight.float() * scale)
     error = ((triton_gemv_rows.gemv_rows(x, qweight, None, scale).float() - ref).abs().max() / ref.abs().max()).item()
-    print(f"{name} [{n} x {k}], {rows} rows: bf16 GEMV {bf16:6.1f} us; FP8 GEMV {gemv:6.1f} us "
-          f"({n * k / gemv / 1e6:4.2f} TB/s, {bf16 / gemv:4.2f}x bf16); quantize + _scaled_mm {mm:6.1f} us "
-          f"({mm / gemv:4.2f}x the FP8 GEMV's time); FP8 GEMV max error {error:.1e} of the largest; other FP8 "
+    print(f"{name} [{n} x {k}], {rows} rows: bf16 GEMV {bf16:6.1f} us; {fmt} GEMV {gemv:6.1f} us "
+          f"({n * k / gemv / 1e6:4.2f} TB/s, {bf16 / gemv:4.2f}x bf16); quantize + FP8 _scaled_mm {mm:6.1f} us "
+          f"({mm / gemv:4.2f}x the {fmt} GEMV's time); {fmt} GEMV max error {error:.1e} of the largest; other "
           f"tiles, us: {'; '.join(wide)}")  # fmt: skip
 
 
@@ -140,10 +144,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--fp8-rows", default="", help="row counts of the FP8 comparison (e.g. 8,16; empty: none)")
+    parser.add_argument("--int8-rows", default="", help="row counts of the same comparison with INT8 weights")
     args = parser.parse_args()
-    for rows in [int(r) for r in args.fp8_rows.split(",") if r]:
-        for name in LAYER_PROJECTIONS:
-            fp8_projection(name, rows, args.layers)
+    for fmt, counts in (("fp8", args.fp8_rows), ("int8", args.int8_rows)):
+        for rows in [int(r) for r in counts.split(",") if r]:
+            for name in LAYER_PROJECTIONS:
+                fp8_projection(name, rows, args.layers, fmt)
     for rows in [int(r) for r in args.rows.split(",") if r]:
         layer_stack(rows, args.layers)
     for rows in [int(r) for r in args.sweep_rows.split(",") if r]:

@@ -8,11 +8,17 @@ x_tile^T``), so its rows fill the tile's 64 rows and the input rows only the nar
 program owns ``BLOCK_N`` outputs of every row and streams its weight rows through K in pipelined tiles.
 
 FP8 and INT8 weights (``float8_e4m3fn`` or ``int8``, a float32 scale per output row, as ``quantization="fp8"``
-and compressed-tensors' FP8 and W8A8 keep them) are widened to the input's dtype in registers (exactly: both fit
-in 16 bits) and the scale is applied to each output: weight-only 8-bit, which reads half of bf16's bytes and
-leaves the input unquantized, as the one-row GEMV does. W8A8 INT8 layers take it (``torch._int_mm`` needs more
-than 16 rows); FP8 layers do not: on the H200 it reached only 0.8 to 2.0 TB/s for FP8 weights, slower at 8 and 16
-rows than quantizing the input for ``torch._scaled_mm`` (``tune_gemv_rows.py --fp8-rows``, twentieth run).
+and compressed-tensors' FP8 and W8A8 keep them) are widened in registers (exactly: both fit in 16 bits) and the
+scale is applied to each output: weight-only 8-bit, which reads half of bf16's bytes and leaves the input
+unquantized, as the one-row GEMV does. Beside bf16 inputs FP8 tiles are multiplied in fp16: FP8 widens to fp16 in
+one instruction a pair of values, to bf16 only through float32, and that conversion bound the kernel (on an H100
+at 8 rows the four 8B projections of a layer took 164 us widened to bf16, 101 in fp16, against 157 for bf16
+weights and 145 for quantizing the input for ``torch._scaled_mm``: ``tune_gemv_rows.py --fp8-rows``,
+twenty-third run). The inputs are clamped to fp16's range (+-65504) first; within it a bf16 value is an fp16
+value (fp16 has the more mantissa bits), so the products are the bf16 inputs' own, unless an input is beyond
+65504 or below fp16's normal range (6e-5), which float16 rounds to its subnormals' 6e-8 steps. INT8 tiles keep
+the input's dtype: in fp16 they were slower than bf16 weights (170 against 153 us a layer at 8 rows; INT8 widens
+to fp16 one value an instruction, at a quarter of the arithmetic rate).
 
 Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
 kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip
@@ -35,10 +41,10 @@ from brisk.layers.device_limits import shared_memory_per_block
 def _gemv_rows_kernel(
     x_ptr, weight_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP16_PRODUCTS: tl.constexpr,
 ):  # fmt: skip
     """One program per ``BLOCK_N`` outputs of every row: ``out[:, n] = x @ W[n, :]^T`` (times ``scale[n]`` with
-    ``HAS_SCALE``)."""
+    ``HAS_SCALE``); with ``FP16_PRODUCTS`` the tiles are multiplied in fp16."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -53,7 +59,11 @@ def _gemv_rows_kernel(
                     mask=n_mask[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
                     other=0.0)  # fmt: skip
-        acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
+        if FP16_PRODUCTS:  # FP8 weights beside bf16 inputs: both widened to fp16 (module docstring)
+            x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            acc = tl.dot(w.to(tl.float16), tl.trans(x), acc)
+        else:
+            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)[:, None]
     if HAS_BIAS:
@@ -82,25 +92,32 @@ def block_m(rows: int) -> int:
 
 @functools.cache
 def gemv_rows_config(
-    rows: int, element_size: int = 2, shared_memory: int = 0, weight_element_size: int | None = None
+    rows: int,
+    element_size: int = 2,
+    shared_memory: int = 0,
+    weight_element_size: int | None = None,
+    fp16_products: bool = False,
 ) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
     at both row counts (within 3% of each projection's own best). Float32 takes tiles of the same bytes (128
-    inputs); FP8 weights the input's 256 (the widened tile is what the registers hold; not yet tuned on a GPU). A
-    GPU with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below
-    two halves the tiles' inputs. ``element_size`` is the input's, ``weight_element_size`` the weight's
-    (default: the same). Cached: an eager step asks once a projection."""
+    inputs). FP8 weights multiplied in fp16 (``fp16_products``) take 32 outputs by the input's 256: on an H100 at
+    4, 8 and 16 rows 98 to 101 us for a layer's four projections against 113 to 117 with 64 outputs (twice the
+    programs, each with half the widening to do; 512 inputs were as fast, 16 outputs or two warps slower). A GPU
+    with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below two
+    halves the tiles' inputs. ``element_size`` is the input's, ``weight_element_size`` the weight's (default: the
+    same). Cached: an eager step asks once a projection."""
     weight_size = weight_element_size or element_size
+    block_n = 32 if fp16_products else 64
     block_k = 512 // element_size
     stages = MAX_STAGES
     while shared_memory:
-        stage_bytes = (64 * weight_size + block_m(rows) * element_size) * block_k
+        stage_bytes = (block_n * weight_size + block_m(rows) * element_size) * block_k
         stages = min(MAX_STAGES, (shared_memory - SHARED_MEMORY_MARGIN) // stage_bytes)
         if stages >= 2 or block_k == 32:
             break
         block_k //= 2
-    return GemvRowsConfig(block_n=64, block_k=block_k, num_warps=4, num_stages=max(stages, 1))
+    return GemvRowsConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=max(stages, 1))
 
 
 def gemv_rows(
@@ -108,13 +125,16 @@ def gemv_rows(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an 8-bit
     ``weight`` (FP8 or INT8) is multiplied by its float32 ``weight_scale`` (one per output row) before the bias
-    is added."""
+    is added; FP8 tiles beside bf16 inputs are multiplied in fp16 (module docstring)."""
     assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
     assert (weight_scale is not None) == (weight.element_size() == 1), "8-bit weights come with a scale"
     x = x if x.stride(-1) == 1 else x.contiguous()
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    config = gemv_rows_config(m, x.element_size(), shared_memory_per_block(x.device), weight.element_size())
+    fp16_products = weight.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16
+    config = gemv_rows_config(
+        m, x.element_size(), shared_memory_per_block(x.device), weight.element_size(), fp16_products
+    )
     scale = weight_scale.reshape(-1) if weight_scale is not None else weight
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
         x, weight, scale, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
@@ -122,5 +142,6 @@ def gemv_rows(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages,
+        FP16_PRODUCTS=fp16_products,
     )  # fmt: skip
     return out

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+from brisk.layers.fused import GEMV_MAX_ROWS  # noqa: E402
 from brisk.layers.quantization.fp8_utils import (  # noqa: E402
     dequantize,
     fp8_linear,
@@ -45,9 +46,9 @@ FROBENIUS, MAX_ERROR = 3e-3, 1e-2
 
 @pytest.mark.parametrize("rows", [1, 7, 16, 17, 256])
 def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
-    """The native FP8 GEMM (``torch._scaled_mm`` with row-wise scales, bf16 out; at one row the weight-only FP8
-    GEMV, whose input stays unquantized) and the float32 emulation, each against the float64
-    product of the dequantized FP8 operands it multiplies. The native path's input (the Triton quantization)
+    """The native FP8 GEMM (``torch._scaled_mm`` with row-wise scales, bf16 out; up to 16 rows the weight-only FP8
+    GEMVs, whose input stays unquantized) and the float32 emulation, each against the float64
+    product of the dequantized FP8 operands it multiplies. The Triton quantization of ``_scaled_mm``'s input
     must hold the values of torch's on the CPU (on an H200 it wrote +0 for some tiny negative inputs where torch
     writes -0).
     The emulation quantizes with torch on the GPU, whose ``amax / 448`` was one float32 step off the IEEE
@@ -60,13 +61,11 @@ def test_fp8_linear_matches_the_float64_product_of_its_fp8_operands(rows):
     x = torch.randn(rows, HIDDEN, device=DEV, dtype=BF16)
     qw, scale = quantize_fp8_per_row(0.02 * torch.randn(6144, HIDDEN, device=DEV, dtype=BF16))
     weight = dequantize(qw, scale).double()
-    if rows == 1:
-        native_exact = F.linear(x.double(), weight)
-    else:
-        xq, x_scale = quantize_fp8_rows(x)
-        cpu_q, cpu_scale = quantize_fp8_per_row(x.cpu())
-        assert torch.equal(xq.cpu().float(), cpu_q.float()) and torch.equal(x_scale.cpu(), cpu_scale)
-        native_exact = F.linear(dequantize(xq, x_scale).double(), weight)
+    xq, x_scale = quantize_fp8_rows(x)
+    cpu_q, cpu_scale = quantize_fp8_per_row(x.cpu())
+    assert torch.equal(xq.cpu().float(), cpu_q.float()) and torch.equal(x_scale.cpu(), cpu_scale)
+    native_input = x if rows <= GEMV_MAX_ROWS else dequantize(xq, x_scale)
+    native_exact = F.linear(native_input.double(), weight)
     xq, x_scale = quantize_fp8_per_row(x)
     for name, out, exact in [
         ("native", fp8_linear(x, qw, scale, None, None, native=True), native_exact),

@@ -1,6 +1,6 @@
 """The few-row Triton GEMV matches ``F.linear`` (Triton's interpreter on CPU), for row counts that leave the
-tensor core's 16-row side partly empty and weight shapes that leave partial blocks, with FP8 weights too, and the
-row counts it takes."""
+tensor core's 16-row side partly empty and weight shapes that leave partial blocks, with FP8 and INT8 weights too
+(FP8 multiplied in fp16 beside bf16 inputs), and the row counts it takes."""
 
 import pytest
 import torch
@@ -46,6 +46,22 @@ def test_8bit_weights_match_the_dequantized_weight(m, n, k, fmt):
         triton_gemv_rows.gemv_rows(x, qweight, bias)
 
 
+def test_fp8_weights_beside_bf16_inputs_multiply_in_fp16():
+    """Beside bf16 inputs FP8 tiles are multiplied in fp16: every bf16 input in fp16's normal range is an
+    fp16 value and the sums are float32's, so the output is the float64 product rounded to bf16 (within one bf16
+    step: Triton's interpreter truncates when it casts to bf16); an input beyond fp16's range is clamped to 65504
+    first (without the clamp it becomes inf, and so does its row)."""
+    torch.manual_seed(5)
+    n, k = 70, 700
+    qweight, scale = quantize_fp8_per_row(torch.randn(n, k) / k**0.5)
+    x = torch.randn(4, k).to(torch.bfloat16)
+    x[1, 3] = -1e5
+    out = triton_gemv_rows.gemv_rows(x.to(DEVICE), qweight.to(DEVICE), None, scale.to(DEVICE)).cpu()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    exact = F.linear(x.double().clamp(-65504, 65504), dequantize(qweight, scale).double())
+    torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-6)
+
+
 def test_row_counts_pick_their_gemv():
     """On a GPU one row takes the fused GEMV, 2 to GEMV_MAX_ROWS the few-row GEMV, more cuBLAS; the CPU none."""
     if DEVICE == "cpu":
@@ -76,8 +92,8 @@ def test_tiles_fit_in_shared_memory(dtype, m, shared_memory):
     (float32's first tiles asked for 240 KB and failed to launch on the H200), with two stages at least; the
     H200 keeps its measured four stages of 256 bf16 inputs."""
     size = torch.empty(0, dtype=dtype).element_size()
-    for weight_size in (size, 1):  # the input's dtype, or FP8 weights
-        config = triton_gemv_rows.gemv_rows_config(m, size, shared_memory, weight_size)
+    for weight_size, fp16_products in ((size, False), (1, False), (1, True)):  # the input's dtype, INT8, FP8
+        config = triton_gemv_rows.gemv_rows_config(m, size, shared_memory, weight_size, fp16_products)
         stage_bytes = (config.block_n * weight_size + triton_gemv_rows.block_m(m) * size) * config.block_k
         assert stage_bytes * config.num_stages + triton_gemv_rows.SHARED_MEMORY_MARGIN <= shared_memory
         assert config.num_stages >= 2

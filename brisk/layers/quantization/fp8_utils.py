@@ -1,5 +1,5 @@
-"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: on GPUs with FP8 tensor cores the weight-only FP8 GEMV
-at one row and ``torch._scaled_mm`` above, the same arithmetic emulated on the CPU (quantize, dequantize,
+"""FP8 (float8_e4m3fn) quantization and the FP8 GEMM: on GPUs with FP8 tensor cores the weight-only FP8 GEMVs
+up to 16 rows and ``torch._scaled_mm`` above, the same arithmetic emulated on the CPU (quantize, dequantize,
 matmul in float32), weight-only dequantization on other GPUs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brisk.layers.fused import gemv_ops_for
+from brisk.layers.fused import scaled_dense
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -51,7 +51,7 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x W^T + b`` with FP8 ``weight`` (N, K) and float32 ``weight_scale`` (N, 1); the input is quantized per
     token (``input_scale`` None) or with the static per-tensor ``input_scale``. ``native``: ``torch._scaled_mm``
-    (GPU with FP8 tensor cores), or at one row the weight-only FP8 GEMV (the input stays unquantized);
+    (GPU with FP8 tensor cores), or up to 16 rows the weight-only FP8 GEMVs (the input stays unquantized);
     otherwise the same quantization with the product computed in float32."""
     rows = x.reshape(-1, x.shape[-1])
     if native:
@@ -74,20 +74,21 @@ def _native_fp8_linear(
     bias: torch.Tensor | None,
     input_scale: torch.Tensor | None,
 ) -> torch.Tensor:
-    """FP8 tensor cores: one row (batch-1 decode) goes to the weight-only FP8 GEMV, which reads half of bf16's
-    bytes and keeps the input unquantized; more rows are quantized in one Triton launch (bit for bit the torch
-    quantization) and multiplied by ``torch._scaled_mm`` with row-wise scales, which writes bf16. At 8 and 16
-    rows the few-row FP8 GEMV was slower than that on the H200 (qkv 21.0 against 20.4 us, o 20.7 against 16.2,
-    down 64.4 against 49.0: ``tune_gemv_rows.py --fp8-rows``, twentieth run), so those rows stay on
-    ``_scaled_mm``. It accumulates in the tensor cores' own precision between float32 updates ("fast
-    accumulation"): on an H100 8 to 10% faster from 256 rows and W1 at 10,240 tok/s against 9,781 (twenty-second
-    run), at an error of 2.1e-3 of the outputs' norm against 1.66e-3 (the bf16 rounding of the output alone; an
-    H200, twentieth run, 4,096 inputs: the error grows with the input size)."""
+    """FP8 tensor cores: up to ``GEMV_MAX_ROWS`` rows (decode batches, speculative verification) go to the
+    weight-only FP8 GEMVs (``fused.scaled_dense``), which read half of bf16's bytes and keep the input
+    unquantized; at 2 to 16 rows the few-row GEMV multiplies in fp16 (``triton_gemv_rows``): on an H100 a layer's
+    projections at 8 rows took 101 us against 145 for quantizing the input for ``torch._scaled_mm`` (twenty-third
+    run). More rows are quantized in one Triton launch (bit for bit the torch quantization) and multiplied by
+    ``torch._scaled_mm`` with row-wise scales, which writes bf16. It accumulates in the tensor cores' own
+    precision between float32 updates ("fast accumulation"): on an H100 8 to 10% faster from 256 rows and W1 at
+    10,240 tok/s against 9,781 (twenty-second run), at an error of 2.1e-3 of the outputs' norm against 1.66e-3
+    (the bf16 rounding of the output alone; an H200, twentieth run, 4,096 inputs: the error grows with the input
+    size)."""
     from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
 
-    gemv = gemv_ops_for(rows)  # FP8 tensor cores imply the GEMV's compute capability
-    if gemv is not None:
-        return gemv.gemv(rows, weight, bias, weight_scale.reshape(-1))
+    out = scaled_dense(rows, weight, weight_scale, bias)  # FP8 tensor cores imply the GEMVs' compute capability
+    if out is not None:
+        return out
     xq, x_scale = quantize_fp8_rows(rows.contiguous(), input_scale)
     out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale.reshape(1, -1), out_dtype=torch.bfloat16,
