@@ -1,7 +1,7 @@
 """Perplexity of a real model in each weight and KV-cache format brisk runs, against its unquantized weights.
 
     python benchmarks/perplexity.py --model smollm2-135m-instruct [--formats base fp8 w4a16 ...] \
-        [--group-size 32] [--max-tokens 50035] [--window 1024] [--json FILE]
+        [--group-size 32] [--calibration-samples 64] [--max-tokens 50035] [--window 1024] [--json FILE]
 
 The text is the Book of Genesis, King James Version (public domain; ``benchmarks/data/kjv-genesis.txt``), cut
 into windows of ``--window`` tokens that are scored independently: perplexity = exp(mean negative log-likelihood
@@ -18,10 +18,11 @@ users make them: llmcompressor's ``oneshot`` with ``GPTQModifier`` (W4A16, symme
 points) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
 on every Linear but the LM head, in the groups above, saved as compressed-tensors. Their calibration text is not
 the scored text but English prose that every Python install has offline: the standard library's pydoc topics
-(``pydoc_data.topics``), joined, tokenized and cut into ``CALIBRATION_SAMPLES`` samples of ``CALIBRATION_LENGTH``
-tokens. They need ``pip install llmcompressor``; its AWQ (0.14.0.1) page-locks its cached activations, which fails
-on a machine without an accelerator, so there the script leaves the page-locking out (its grid search then takes
-about 8 s a point on one core of a 2-core machine for SmolLM2-135M: 20 points x 4 mappings x 30 layers, hours).
+(``pydoc_data.topics``), joined, tokenized and cut into ``--calibration-samples`` samples (64 by default) of
+``CALIBRATION_LENGTH`` tokens. They need ``pip install llmcompressor``; its AWQ (0.14.0.1) page-locks its cached
+activations, which fails on a machine without an accelerator, so there the script leaves the page-locking out (its
+grid search then takes about 8 s a point on one core of a 2-core machine for SmolLM2-135M: 20 points x 4 mappings
+x 30 layers, hours).
 """
 
 from __future__ import annotations
@@ -151,17 +152,19 @@ def perplexity(llm: LLM, windows: list[list[int]]) -> tuple[float, int]:
 
 
 def main() -> None:
+    global GROUP_SIZE, CALIBRATION_SAMPLES
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
     parser.add_argument("--group-size", type=int, default=None, help="groups of the grouped and calibrated formats")
+    parser.add_argument("--calibration-samples", type=int, default=CALIBRATION_SAMPLES,
+                        help=f"samples of {CALIBRATION_LENGTH} tokens the calibrated formats see")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens of the text")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    global GROUP_SIZE
-    GROUP_SIZE = args.group_size
+    GROUP_SIZE, CALIBRATION_SAMPLES = args.group_size, args.calibration_samples
 
     on_gpu = args.device != "cpu" and torch.cuda.is_available()
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -184,7 +187,8 @@ def main() -> None:
             print(f"{fmt:12s} perplexity {ppl:9.4f}  {change:>8s}  ({count} tokens, {rows[-1]['seconds']:.0f} s)",
                   flush=True)  # fmt: skip
     if args.json:
-        record = {"model": args.model, "window": args.window, "group_size": args.group_size, "rows": rows}
+        record = {"model": args.model, "window": args.window, "group_size": args.group_size,
+                  "calibration_samples": args.calibration_samples, "rows": rows}  # fmt: skip
         Path(args.json).write_text(json.dumps(record, indent=1))
 
 
