@@ -15,7 +15,8 @@ k-tiles of 16 inputs a 4-, 8- or 16-byte load. Word ``j`` of lane ``t`` in (n-ti
 ``8 * n_tile + t // 4``; its nibble ``p`` is input ``16 * (inner * k_group + 2 * j + p % 4 // 2) + 8 * (p % 2)
 + 2 * (t % 4) + p // 4`` (nibbles 0 to 3 hold even inputs, 4 to 7 the odd input after each). Scales and zero
 points: ``[K / group, N, 2]`` bf16, where the zero point of unsigned integer zeros ``z`` is ``(8 - z) * scale``.
-More than ``MAX_ROWS`` rows dequantize the weight from that layout (a Triton kernel) and multiply with cuBLAS.
+More than ``GEMV_MAX_ROWS`` rows (the bound of every few-row kernel, which decode graphs follow) dequantize the
+weight from that layout (a Triton kernel) and multiply with cuBLAS.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from brisk.layers.fused import GEMV_MAX_ROWS
+
 GROUPS = (32, 64, 128, 256)  # the group sizes tinygemm reads
-MAX_ROWS = 16  # rows up to which tinygemm multiplies; more dequantize for cuBLAS
 # n-tiles (8 outputs each) a dequantizing program writes: 32 rows of 128 inputs for the 8B shapes, faster than the
 # packed words' kernel on an H100 (``tune_int_gemv.py --tinygemm``); not swept.
 DEQUANTIZE_N_TILES = 4
@@ -113,12 +115,12 @@ def dequantize(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int) -> torch.Tensor:
-    """``x [..., K] @ W^T`` for a tinygemm-packed ``W``: tinygemm up to ``MAX_ROWS`` rows, cuBLAS on the
+    """``x [..., K] @ W^T`` for a tinygemm-packed ``W``: tinygemm up to ``GEMV_MAX_ROWS`` rows, cuBLAS on the
     dequantized weight above."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.shape[0] == 0:  # tinygemm would launch an empty grid
         out = rows.new_empty(0, scales_and_zeros.shape[1])
-    elif rows.shape[0] <= MAX_ROWS:
+    elif rows.shape[0] <= GEMV_MAX_ROWS:
         out = torch._weight_int4pack_mm(rows.contiguous(), packed, group, scales_and_zeros)
     else:
         out = F.linear(rows, dequantize(packed, scales_and_zeros, group))
