@@ -1,7 +1,8 @@
 """Perplexity of a real model in each weight and KV-cache format brisk runs, against its unquantized weights.
 
     python benchmarks/perplexity.py --model smollm2-135m-instruct [--formats base fp8 w4a16 ...] \
-        [--group-size 32] [--calibration-samples 64] [--max-tokens 50035] [--window 1024] [--json FILE]
+        [--group-size 32] [--calibration-samples 64] [--weight-observer memoryless_mse] [--max-tokens 50035] \
+        [--window 1024] [--json FILE]
 
 The text is the Book of Genesis, King James Version (public domain; ``benchmarks/data/kjv-genesis.txt``), cut
 into windows of ``--window`` tokens that are scored independently: perplexity = exp(mean negative log-likelihood
@@ -19,10 +20,12 @@ points) or ``AWQModifier`` then ``QuantizationModifier`` (W4A16_ASYM),
 on every Linear but the LM head, in the groups above, saved as compressed-tensors. Their calibration text is not
 the scored text but English prose that every Python install has offline: the standard library's pydoc topics
 (``pydoc_data.topics``), joined, tokenized and cut into ``--calibration-samples`` samples (64 by default) of
-``CALIBRATION_LENGTH`` tokens. They need ``pip install llmcompressor``; its AWQ (0.14.0.1) page-locks its cached
-activations, which fails on a machine without an accelerator, so there the script leaves the page-locking out (its
-grid search then takes about 8 s a point on one core of a 2-core machine for SmolLM2-135M: 20 points x 4 mappings
-x 30 layers, hours).
+``CALIBRATION_LENGTH`` tokens. ``--weight-observer`` picks how llmcompressor sets their weights' scales and zero
+points (its default: each group's minimum and maximum; ``memoryless_mse``: the clipping of each group that
+minimizes its squared rounding error, as AutoAWQ's clipping search does after its scaling). They need ``pip install
+llmcompressor``; its AWQ (0.14.0.1) page-locks its cached activations, which fails on a machine without an
+accelerator, so there the script leaves the page-locking out (its grid search then takes about 8 s a point on one
+core of a 2-core machine for SmolLM2-135M: 20 points x 4 mappings x 30 layers, hours).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ CALIBRATION_LENGTH = 512
 
 
 GROUP_SIZE: int | None = None  # --group-size: the groups of every grouped and calibrated format when set
+WEIGHT_OBSERVER: str | None = None  # --weight-observer: the calibrated formats' llmcompressor observer when set
 
 
 def group_size(base: str) -> int:
@@ -125,6 +129,7 @@ def calibrated_checkpoint(fmt: str, base: str, out: Path) -> str:
     samples = [{"input_ids": torch.tensor(ids[i * n : (i + 1) * n])} for i in range(CALIBRATION_SAMPLES)]
     scheme = preset_name_to_scheme(CALIBRATED[fmt], ["Linear"])
     scheme.weights.group_size = group_size(base)
+    scheme.weights.observer = WEIGHT_OBSERVER or scheme.weights.observer
     quantize = {"config_groups": {"group_0": scheme}, "ignore": ["lm_head"]}
     recipe = [GPTQModifier(**quantize)] if fmt.startswith("gptq") else [AWQModifier(), QuantizationModifier(**quantize)]
     if not fmt.startswith("gptq") and not torch.accelerator.is_available():
@@ -152,19 +157,22 @@ def perplexity(llm: LLM, windows: list[list[int]]) -> tuple[float, int]:
 
 
 def main() -> None:
-    global GROUP_SIZE, CALIBRATION_SAMPLES
+    global GROUP_SIZE, CALIBRATION_SAMPLES, WEIGHT_OBSERVER
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--formats", nargs="+", default=FORMATS, choices=FORMATS)
     parser.add_argument("--group-size", type=int, default=None, help="groups of the grouped and calibrated formats")
     parser.add_argument("--calibration-samples", type=int, default=CALIBRATION_SAMPLES,
                         help=f"samples of {CALIBRATION_LENGTH} tokens the calibrated formats see")  # fmt: skip
+    parser.add_argument("--weight-observer", default=None,
+                        help="the calibrated formats' llmcompressor weight observer (e.g. memoryless_mse)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens of the text")
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     GROUP_SIZE, CALIBRATION_SAMPLES = args.group_size, args.calibration_samples
+    WEIGHT_OBSERVER = args.weight_observer
 
     on_gpu = args.device != "cpu" and torch.cuda.is_available()
     dtype = torch.bfloat16 if on_gpu else torch.float32
@@ -188,7 +196,8 @@ def main() -> None:
                   flush=True)  # fmt: skip
     if args.json:
         record = {"model": args.model, "window": args.window, "group_size": args.group_size,
-                  "calibration_samples": args.calibration_samples, "rows": rows}  # fmt: skip
+                  "calibration_samples": args.calibration_samples, "weight_observer": args.weight_observer,
+                  "rows": rows}  # fmt: skip
         Path(args.json).write_text(json.dumps(record, indent=1))
 
 

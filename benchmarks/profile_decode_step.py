@@ -1,7 +1,11 @@
 """Profile one W1-like decode step on a GPU (not a test): 256 requests with ~820-token contexts on the
 Llama-3.1-8B shape (random weights), the step's wall time, then the CUDA kernels of 5 steps by total time.
 
-    python benchmarks/profile_decode_step.py [--requests 256] [--prompt-len 800] [--trace TRACE.json]
+    python benchmarks/profile_decode_step.py [--requests 256] [--prompt-len 800] [--trace TRACE.json] \
+        [--model llama-3.1-8b-shape-w4a16] [--quantization fp8]
+
+``--model`` takes any of ``brisk bench``'s named shapes (the W4A16 one: 4-bit weights in groups of 128);
+``--quantization fp8`` quantizes the weights while loading, as ``brisk bench --quantization fp8`` does.
 
 ``--trace`` also writes the kernels' Chrome trace and prints each kernel kind's share of the critical path:
 how far each kernel moves the latest end time seen so far. Under programmatic dependent launch a kernel
@@ -22,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from brisk import SamplingParams
-from brisk.bench.configs import LLAMA31_8B_CONFIG
+from brisk.bench.configs import NAMED_CONFIGS
 from brisk.config import EngineArgs
 from brisk.engine.engine import LLMEngine
 
@@ -32,11 +36,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=800)
     parser.add_argument("--trace", help="write the profiled kernels as a Chrome trace here")
+    parser.add_argument("--model", default="llama-3.1-8b-shape", choices=sorted(NAMED_CONFIGS))
+    parser.add_argument("--quantization", default=None, help="e.g. fp8 (weights quantized while loading)")
     args = parser.parse_args()
     folder = tempfile.mkdtemp()
     with open(f"{folder}/config.json", "w") as f:
-        json.dump(LLAMA31_8B_CONFIG, f)
-    engine = LLMEngine(EngineArgs(model=folder, load_format="dummy", max_model_len=4096))
+        json.dump(NAMED_CONFIGS[args.model], f)
+    engine = LLMEngine(
+        EngineArgs(model=folder, load_format="dummy", max_model_len=4096, quantization=args.quantization)
+    )
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.6, max_tokens=400, ignore_eos=True, detokenize=False)
     for i in range(args.requests):
