@@ -2,6 +2,12 @@
 beside cuBLAS, and time a whole batch-1 layer stack of projections fused and unfused.
 
     python benchmarks/tune_gemv.py [--layers 32] [--top 4] [--weights bf16|fp8|int8] [--default-only]
+    python benchmarks/tune_gemv.py --weights fp8 --skip-sweep --long-input-tiles 8x1024x8,16x1024x8,32x512x8
+
+``--long-input-tiles`` also times the fused layer stack with each ``BLOCK_NxBLOCK_KxWARPS`` tile for the projections
+whose input outgrows one tile (the down projection), bf16 and 8-bit weights alike. The stack runs as the model does
+(8-bit weights: the gate/up GEMV ends with SiLU-and-mul; bf16: the down GEMV starts with it, its tiled kernel
+recomputing the activation in every program), and times the other order beside it.
 
 ``--weights fp8`` or ``int8`` gives the GEMV 8-bit weights with a float32 scale per output row (weight-only FP8 or
 INT8, as ``fused.scaled_dense`` calls it at one row; cuBLAS multiplies their bf16 dequantization) and tiles of up to
@@ -73,7 +79,7 @@ def graph_ms(fn: Callable[[], object], replays: int = 20) -> float:
 
 
 def use(config: GemvConfig | None, pdl: bool) -> None:
-    triton_gemv.gemv_config = DEFAULT_CONFIG if config is None else (lambda n, k: config)
+    triton_gemv.gemv_config = DEFAULT_CONFIG if config is None else (lambda n, k, weight_bytes=2: config)
     triton_gemv.pdl_launch_options = DEFAULT_PDL if pdl else (lambda device, num_tokens: {"USE_PDL": False})
 
 
@@ -127,9 +133,10 @@ def sweep_projection(name: str, layers: int, top: int, weights_format: str, defa
               f"({cublas / ms:4.2f}x cuBLAS)")  # fmt: skip
 
 
-def layer_stack(layers: int, weights_format: str) -> None:
+def layer_stack(layers: int, weights_format: str, long_input_tiles: list[GemvConfig] = ()) -> None:
     """The projections of ``layers`` decoder layers at batch 1: fused GEMVs vs separate norm and activation
-    kernels with cuBLAS; with 8-bit weights, the fused GEMVs on them too."""
+    kernels with cuBLAS; with 8-bit weights, the fused GEMVs on them too; then both with each of
+    ``long_input_tiles`` for the inputs longer than 4096 (the down projection's)."""
     dev, bf16 = "cuda", torch.bfloat16
     names = [name for name in PROJECTIONS if name != "lm_head"]
     stack = [
@@ -152,16 +159,24 @@ def layer_stack(layers: int, weights_format: str) -> None:
 
     plain = [{name: (w, None) for name, w in layer.items()} for layer in stack]
 
-    def fused(weights: list[dict] | None = None) -> torch.Tensor:
-        """The layers' fused GEMVs over ``weights`` (name -> weight and its row scales), by default ``plain``."""
+    def fused(weights: list[dict] | None = None, gated: bool | None = None) -> torch.Tensor:
+        """The layers' fused GEMVs over ``weights`` (name -> weight and its row scales), by default ``plain``: the
+        gate/up GEMV ends with SiLU-and-mul (``gated``) or the down GEMV starts with it; None: as the model runs
+        them (``triton_gemv.fuses_silu_and_mul``)."""
         hidden, residual = x0, None
         for w in weights or plain:
+            gate_up_w = w["gate_up_proj"][0]
+            if gated is None:
+                gated = triton_gemv.fuses_silu_and_mul(*gate_up_w.shape, gate_up_w.element_size())
             qkv, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["qkv_proj"][0], None,
                                                       w["qkv_proj"][1])  # fmt: skip
             hidden = triton_gemv.gemv(qkv[:, :HIDDEN], w["o_proj"][0], None, w["o_proj"][1])
             gate_up, residual = triton_gemv.rms_norm_gemv(hidden, residual, norm_w, 1e-5, w["gate_up_proj"][0], None,
-                                                          w["gate_up_proj"][1])  # fmt: skip
-            hidden = triton_gemv.silu_and_mul_gemv(gate_up, w["down_proj"][0], None, w["down_proj"][1])
+                                                          w["gate_up_proj"][1], silu_and_mul=gated)  # fmt: skip
+            if gated:
+                hidden = triton_gemv.gemv(gate_up, w["down_proj"][0], None, w["down_proj"][1])
+            else:
+                hidden = triton_gemv.silu_and_mul_gemv(gate_up, w["down_proj"][0], None, w["down_proj"][1])
         return hidden
 
     base = graph_ms(unfused)
@@ -174,14 +189,29 @@ def layer_stack(layers: int, weights_format: str) -> None:
         use(None, pdl)
         ms = graph_ms(fused)
         print(f"  fused GEMVs, pdl={int(pdl)}             {ms:6.3f} ms  {gbytes / ms:5.2f} TB/s  ({base / ms:4.2f}x)")
+    ms = graph_ms(lambda: fused(gated=True))
+    print(f"  the same, gate/up ending with SiLU {ms:6.3f} ms  {gbytes / ms:5.2f} TB/s  ({base / ms:4.2f}x)")
     use(None, pdl=True)
     out, ref = fused().float(), unfused().float()
     print(f"  fused vs unfused: max difference {((out - ref).abs().max() / ref.abs().max()).item():.2e} of the largest")
+    eight_bit = None
     if weights_format != "bf16":
         eight_bit = [{name: quantized(w, weights_format) for name, w in layer.items()} for layer in stack]
-        ms = graph_ms(lambda: fused(eight_bit))
-        print(f"  fused GEMVs, {weights_format} weights    {ms:6.3f} ms  {gbytes / 2 / ms:5.2f} TB/s  "
-              f"({base / ms:4.2f}x)")  # fmt: skip
+        for gated, label in ((None, ""), (False, ", SiLU in the down GEMV")):
+            ms = graph_ms(lambda gated=gated: fused(eight_bit, gated))
+            print(f"  fused GEMVs, {weights_format} weights{label}    {ms:6.3f} ms  {gbytes / 2 / ms:5.2f} TB/s  "
+                  f"({base / ms:4.2f}x)")  # fmt: skip
+    for tile in long_input_tiles:
+        triton_gemv.gemv_config = lambda n, k, weight_bytes=2, tile=tile: (
+            tile if k > 4096 else DEFAULT_CONFIG(n, k, weight_bytes)
+        )
+        ms = graph_ms(fused)
+        line = f"  long inputs in {tile.block_n} x {tile.block_k} tiles, {tile.num_warps} warps: bf16 {ms:6.3f} ms"
+        if eight_bit is not None:
+            line += f", {weights_format} {graph_ms(lambda: fused(eight_bit)):6.3f} ms"
+        error = ((fused().float() - ref).abs().max() / ref.abs().max()).item()
+        print(f"{line} (bf16 against unfused: {error:.2e} of the largest)")
+    use(None, pdl=True)
 
 
 def main() -> None:
@@ -192,11 +222,13 @@ def main() -> None:
     parser.add_argument("--skip-sweep", action="store_true", help="Only time the layer stack.")
     parser.add_argument("--weights", default="bf16", choices=list(WEIGHT_BYTES))
     parser.add_argument("--default-only", action="store_true", help="Time the default tiles only, no sweep.")
+    parser.add_argument("--long-input-tiles", default="", help="Also time the stack with these tiles for long inputs.")
     args = parser.parse_args()
     if not args.skip_sweep:
         for name in args.projections.split(","):
             sweep_projection(name, args.layers, args.top, args.weights, args.default_only)
-    layer_stack(args.layers, args.weights)
+    tiles = [GemvConfig(*(int(v) for v in tile.split("x")), 0) for tile in args.long_input_tiles.split(",") if tile]
+    layer_stack(args.layers, args.weights, tiles)
 
 
 if __name__ == "__main__":

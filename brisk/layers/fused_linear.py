@@ -1,4 +1,5 @@
-"""Projections fused with the op before them: (residual add +) RMSNorm -> linear, and SiLU-and-mul -> linear.
+"""Projections fused with the op before them: (residual add +) RMSNorm -> linear, and SiLU-and-mul -> linear; and the
+gated MLP after its norm, whose gate/up projection can end with the SiLU-and-mul instead.
 
 On a GPU at decode batch sizes these run as one Triton GEMV launch that computes its input on the fly
 (``triton_gemv.py``); everywhere else they are the plain composition of the two layers, which stays the
@@ -52,3 +53,25 @@ def silu_and_mul_linear(act: SiluAndMul, linear: LinearBase, x: torch.Tensor) ->
     if gemv is not None:
         return gemv.silu_and_mul_gemv(x, linear.weight, linear.bias, weight_scale)
     return linear(act(x))
+
+
+def rms_norm_gated_mlp(
+    norm: RMSNorm,
+    gate_up: LinearBase,
+    act: SiluAndMul,
+    down: LinearBase,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(down(act(gate_up(norm(x + residual)))), x + residual)``. At one row on a GPU the gate/up GEMV ends with
+    the SiLU-and-mul where that was measured faster (``triton_gemv.fuses_silu_and_mul``: 8-bit weights) and the
+    down projection is a plain GEMV: with the activation in its prologue instead, every program of the down
+    projection's tiled GEMV computes it again for the whole input."""
+    gemv, weight_scale = _fused_gemv(gate_up, x)
+    if gemv is not None and gemv.fuses_silu_and_mul(*gate_up.weight.shape, gate_up.weight.element_size()):
+        activated, residual = gemv.rms_norm_gemv(
+            x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, weight_scale, silu_and_mul=True
+        )
+        return down(activated), residual
+    gate_up_out, residual = rms_norm_linear(norm, gate_up, x, residual)
+    return silu_and_mul_linear(act, down, gate_up_out), residual

@@ -36,15 +36,20 @@ def _rms_normalize(x, rstd, norm_w):
 
 
 @triton.jit
+def _silu_and_mul(gate, up):
+    """``silu(gate) * up`` in the dtype of both, rounded where ``triton_ops.silu_and_mul`` rounds."""
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
+    return (silu.to(tl.float32) * up.to(tl.float32)).to(gate.dtype)
+
+
+@triton.jit
 def _input_tile(x_ptr, residual_ptr, norm_ptr, cols, col_mask, K, rstd,
                 PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):  # fmt: skip
     """The GEMV input at ``cols`` after the prologue, as the activation dtype."""
     x = tl.load(x_ptr + cols, mask=col_mask, other=0.0)
     if PROLOGUE == PROLOGUE_SILU_AND_MUL:  # x holds [gate | up]; cols index the gate half
-        up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0)
-        g = x.to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-        x = (silu.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+        x = _silu_and_mul(x, tl.load(x_ptr + K + cols, mask=col_mask, other=0.0))
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + cols, mask=col_mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
@@ -74,32 +79,56 @@ def _dot(w, x):
 
 
 @triton.jit
+def _finish_rows(bias_ptr, scale_ptr, acc, rows, row_mask, dtype, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """The products ``acc`` of weight ``rows``, scaled, biased and rounded to ``dtype`` as they are stored."""
+    if HAS_SCALE:  # FP8 weights: one float32 scale per output row
+        acc *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    return acc.to(dtype)
+
+
+@triton.jit
 def _store_output(out_ptr, bias_ptr, scale_ptr, acc, block, offs_n, N, BLOCK_N: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):  # fmt: skip
     n = block * BLOCK_N + offs_n
     n_mask = n < N
-    if HAS_SCALE:  # FP8 weights: one float32 scale per output row
-        acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + n, _finish_rows(bias_ptr, scale_ptr, acc, n, n_mask, dtype, HAS_BIAS, HAS_SCALE), mask=n_mask)
+
+
+@triton.jit
+def _store_gated_output(out_ptr, bias_ptr, scale_ptr, gate_acc, up_acc, block, offs_n, N, BLOCK_N: tl.constexpr,
+                        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):  # fmt: skip
+    """``silu(gate) * up`` of weight rows ``n`` (gate) and ``N + n`` (up), each first rounded as if stored."""
+    n = block * BLOCK_N + offs_n
+    n_mask = n < N
+    dtype = out_ptr.dtype.element_ty
+    gate = _finish_rows(bias_ptr, scale_ptr, gate_acc, n, n_mask, dtype, HAS_BIAS, HAS_SCALE)
+    up = _finish_rows(bias_ptr, scale_ptr, up_acc, N + n, n_mask, dtype, HAS_BIAS, HAS_SCALE)
+    tl.store(out_ptr + n, _silu_and_mul(gate, up), mask=n_mask)
 
 
 @triton.jit
 def _gemv_resident_kernel(
     x_ptr, weight_ptr, bias_ptr, scale_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride,
     eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
     """K fits one tile (``K <= BLOCK_K``): each program prepares the input once, then walks the output blocks
-    ``pid, pid + programs, ...``, loading the next weight tile before it reduces the current one."""
+    ``pid, pid + programs, ...``, loading the next weight tile before it reduces the current one. ``GATED``: the
+    weight holds ``2 N`` rows, gate then up, and output ``n`` is ``silu(gate_n) * up_n`` (the gated MLP's
+    activation), so a block loads its gate rows and the up rows ``N`` further on."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     offs_n = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     col_mask = cols < K
+    up_ptr = weight_ptr + N.to(tl.int64) * weight_stride
     allow_next_kernel(USE_PDL)
     w = _weight_tile(weight_ptr, pid, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
+    if GATED:
+        u = _weight_tile(up_ptr, pid, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
     if PROLOGUE == PROLOGUE_RMS_NORM:  # a weight too: loaded before the wait, not after the residual store
         norm_w = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
     wait_for_previous_kernel(USE_PDL)
@@ -115,7 +144,13 @@ def _gemv_resident_kernel(
 
     for block in range(pid, tl.cdiv(N, BLOCK_N), programs):
         next_w = _weight_tile(weight_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
-        _store_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
+        if GATED:
+            next_u = _weight_tile(up_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
+            _store_gated_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), _dot(u, x), block, offs_n, N, BLOCK_N,
+                                HAS_BIAS, HAS_SCALE)  # fmt: skip
+            u = next_u
+        else:
+            _store_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
         w = next_w
 
 
@@ -161,36 +196,50 @@ class GemvConfig(NamedTuple):
     programs_per_sm: int  # for the resident kernel; 0 takes the tiled kernel
 
 
-def gemv_config(n: int, k: int) -> GemvConfig:
+def gemv_config(n: int, k: int, weight_bytes: int = 2) -> GemvConfig:
     """Measured on an H200 (``benchmarks/tune_gemv.py``, Llama-3.1-8B projections): an input of up to 4096
     elements stays in registers while four programs per SM stream 2-row weight tiles; the LM head's many blocks
     take one program per 4 x 4096 tile, and longer inputs (the down projection) one per 8 x 1024 tiles. Every
-    choice keeps several 16-byte loads per thread in flight. FP8 weights take the same tiles: tiles of bf16's
-    bytes (twice the rows or inputs) made batch-1 decode of the 8B shape slower on the H200 (296 against 333
-    tokens/s)."""
+    choice keeps several 16-byte loads per thread in flight. 8-bit weights (``weight_bytes`` 1) take the same
+    tiles, but for longer inputs 8 x 2048, bf16's bytes: with no activation to recompute in the down GEMV (the
+    gate/up GEMV ends with it) that took the 8B shape's 32-layer stack of FP8 projections from 2.73 to 2.60 ms on
+    an H100, where the tiles of bf16's bytes everywhere had made batch-1 decode slower on the H200 (296 against
+    333 tokens/s) while the down GEMV still computed the activation."""
     if k <= 4096:
         return GemvConfig(2, triton.next_power_of_2(k), 8, 4) if n < 65536 else GemvConfig(4, 4096, 4, 0)
-    return GemvConfig(8, 1024, 8, 0)
+    return GemvConfig(8, 2048 if weight_bytes == 1 else 1024, 8, 0)
+
+
+def fuses_silu_and_mul(rows: int, k: int, weight_bytes: int) -> bool:
+    """Whether the GEMV ends a ``[rows, k]`` gate/up projection with SiLU-and-mul (``rms_norm_gemv(...,
+    silu_and_mul=True)``): for 8-bit weights whose input stays resident (hidden sizes up to 4096). On an H100 the
+    8B shape's 32-layer stack of FP8 projections took 2.73 against 2.83 ms that way (the down GEMV's tiled kernel
+    no longer recomputing the activation in every program; 2.60 with its tiles of bf16's bytes), and W3 309.5
+    against 301.8 tokens/s; in bf16 it lost (4.78 against 4.63 ms, W3 190.8 against 196.6)."""
+    return weight_bytes == 1 and gemv_config(rows, k, weight_bytes).programs_per_sm > 0
 
 
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
-            prologue=PROLOGUE_NONE, weight_scale=None):  # fmt: skip
+            prologue=PROLOGUE_NONE, weight_scale=None, gated=False):  # fmt: skip
     n = out.shape[-1]
     assert weight.stride(1) == 1, "the GEMV reads weight rows as contiguous runs"
-    config = gemv_config(n, k)
+    config = gemv_config(weight.shape[0], k, weight.element_size())
+    if gated:  # a block's gate rows and up rows together: the tile of the ungated launch, in two halves
+        assert config.programs_per_sm, "only the resident kernel ends with SiLU-and-mul"
+        config = config._replace(block_n=max(1, config.block_n // 2))
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
         kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * num_sms(x.device))
+        options = {"GATED": gated, **pdl_launch_options(x.device, 1)}
     else:
-        kernel, grid = _gemv_tiled_kernel, blocks
+        kernel, grid, options = _gemv_tiled_kernel, blocks, pdl_launch_options(x.device, 1)
     kernel[(grid,)](
         x, weight, bias if bias is not None else weight, weight_scale if weight_scale is not None else weight, out,
         residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
         residual_out if residual_out is not None else out, n, k, weight.stride(0), eps,
         PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         HAS_SCALE=weight_scale is not None,
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-        **pdl_launch_options(x.device, 1),
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps, **options,
     )  # fmt: skip
 
 
@@ -222,15 +271,18 @@ def rms_norm_gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     weight_scale: torch.Tensor | None = None,
+    silu_and_mul: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(F.linear(rms_norm(x + residual), weight, bias), x + residual)``; without ``residual``, x stands alone.
-    ``weight_scale``: as in :func:`gemv`."""
+    ``weight_scale``: as in :func:`gemv`. ``silu_and_mul`` (where :func:`fuses_silu_and_mul`): the weight is a
+    gated MLP's ``[gate | up]`` and the first value is ``silu(gate) * up``, so that the down projection needs no
+    prologue; its tiled kernel would recompute the activation in every program."""
     x = _row(x)
-    out = _output(x, weight)
+    out = torch.empty((1, weight.shape[0] // 2), dtype=x.dtype, device=x.device) if silu_and_mul else _output(x, weight)
     residual_out = torch.empty_like(x) if residual is not None else x
     residual = _row(residual) if residual is not None else None
     _launch(x, weight, bias, out, x.shape[1], residual, norm_weight, residual_out, eps, PROLOGUE_RMS_NORM,
-            weight_scale)  # fmt: skip
+            weight_scale, silu_and_mul)  # fmt: skip
     return out, residual_out
 
 

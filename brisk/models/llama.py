@@ -18,7 +18,7 @@ from brisk.distributed.parallel_state import (
 from brisk.layers.activation import SiluAndMul
 from brisk.layers.attention.layer import Attention
 from brisk.layers.embedding import LMHead, VocabEmbedding
-from brisk.layers.fused_linear import rms_norm_linear, silu_and_mul_linear
+from brisk.layers.fused_linear import rms_norm_gated_mlp, rms_norm_linear
 from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, check_loaded_shape
 from brisk.layers.norm import RMSNorm
 from brisk.layers.rotary import RotaryEmbedding, rope_parameters
@@ -90,9 +90,12 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported (only silu).")
         self.act_fn = SiluAndMul()
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP after ``gate_up_proj``, which the decoder layer fuses with the norm before it."""
-        return silu_and_mul_linear(self.act_fn, self.down_proj, gate_up)
+    def forward(
+        self, norm: RMSNorm, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MLP with the (residual add +) ``norm`` before it, which its gate/up projection fuses; returns its
+        output and the residual stream."""
+        return rms_norm_gated_mlp(norm, self.gate_up_proj, self.act_fn, self.down_proj, hidden_states, residual)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -108,9 +111,7 @@ class LlamaDecoderLayer(nn.Module):
         attn = self.self_attn
         qkv, residual = rms_norm_linear(self.input_layernorm, attn.qkv_proj, hidden_states, residual)
         hidden_states = attn(positions, qkv)
-        norm, mlp = self.post_attention_layernorm, self.mlp
-        gate_up, residual = rms_norm_linear(norm, mlp.gate_up_proj, hidden_states, residual)
-        return self.mlp(gate_up), residual
+        return self.mlp(self.post_attention_layernorm, hidden_states, residual)
 
 
 class MissingLayer(nn.Module):

@@ -118,3 +118,52 @@ def test_8bit_gemv_widens_every_value_exactly(k, dtype):
     x[0, k // 3] = 1.0
     out = triton_gemv.gemv(x, weight, None, scale)
     assert torch.equal(out[0], weight[:, 0].float() * scale)
+
+
+@pytest.mark.parametrize(
+    "n,k,with_bias,fmt", [(37, 96, True, None), (WALKING[0], 40, False, None), (37, 96, True, "fp8")]
+)
+def test_gate_up_gemv_ending_with_silu_and_mul_matches_the_unfused_mlp(n, k, with_bias, fmt):
+    """``rms_norm_gemv(..., silu_and_mul=True)`` over a ``[gate | up]`` weight of ``2 n`` rows gives ``silu(gate) *
+    up`` of the unfused norm and projection: odd ``n`` leaves the last block's gate and up rows partial, the
+    walking shape reloads both tile slots, FP8 weights take the scale of row ``n + i`` for up ``i``."""
+    from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
+
+    torch.manual_seed(n + k)
+    norm = RMSNorm(k, 1e-5, torch.float32).to(DEVICE)
+    norm.weight.data.uniform_(0.5, 1.5)
+    weight, bias = _weights(2 * n, k)
+    bias = bias if with_bias else None
+    scale, reference = None, weight
+    if fmt == "fp8":
+        weight, scale = quantize_fp8_per_row(weight)
+        reference, scale = dequantize(weight, scale), scale.view(-1)
+    x, residual = torch.randn(1, k, device=DEVICE), torch.randn(1, k, device=DEVICE)
+    out, residual_out = triton_gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, weight, bias, scale,
+                                                  silu_and_mul=True)  # fmt: skip
+    torch.testing.assert_close(residual_out, x + residual)
+    expected = SiluAndMul._reference(F.linear(norm._norm(x + residual), reference, bias))
+    assert out.shape == (1, n)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_gate_up_gemv_ending_with_silu_and_mul_rounds_like_the_unfused_ops():
+    """In bf16 the gate and up values are rounded as the ungated GEMV stores them before the activation, so the
+    fused epilogue gives exactly the ungated GEMV followed by the SiLU-and-mul kernel."""
+    from brisk.layers import triton_ops
+
+    torch.manual_seed(1)
+    k, n = 256, 96
+    norm_weight = torch.rand(k, device=DEVICE).add(0.5).bfloat16()
+    weight = (torch.randn(2 * n, k, device=DEVICE) / k**0.5).bfloat16()
+    bias = torch.randn(2 * n, device=DEVICE).bfloat16()
+    x, residual = torch.randn(1, k, device=DEVICE).bfloat16(), torch.randn(1, k, device=DEVICE).bfloat16()
+    out, _ = triton_gemv.rms_norm_gemv(x, residual, norm_weight, 1e-6, weight, bias, silu_and_mul=True)
+    gate_up, _ = triton_gemv.rms_norm_gemv(x, residual, norm_weight, 1e-6, weight, bias)
+    assert torch.equal(out, triton_ops.silu_and_mul(gate_up))
+
+
+def test_gated_epilogue_is_taken_for_8bit_weights_whose_input_stays_resident():
+    assert triton_gemv.fuses_silu_and_mul(2 * 14336, 4096, 1)  # Llama-3.1-8B's MLP, FP8 weights
+    assert not triton_gemv.fuses_silu_and_mul(2 * 14336, 4096, 2)  # bf16: measured slower that way
+    assert not triton_gemv.fuses_silu_and_mul(2 * 28672, 8192, 1)  # Llama-3.1-70B's: the tiled kernel's input
