@@ -6,7 +6,7 @@
 # ratio; $OUT is the folder results go to. Then: BRISK_COMMIT=<sha> bash benchmarks/h200_run.sh
 # Missing Python packages can come as wheels in .whl/ (gguf, fastapi and its deps); they go to their own folder.
 # Knobs (environment): BRISK_SKIP_TESTS=1, BRISK_WORKLOADS="W1 W2" (empty: none), BRISK_SKIP_LATENCY=1,
-# BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
+# BRISK_SKIP_LONG_CONTEXT=1 (W4), BRISK_SKIP_STARTUP=1, BRISK_QUANTIZED=1 (FP8 and W4A16 figures), BRISK_SKIP_SERVE=1, and for the serve stage: BRISK_SERVE_POINTS ("C:N ...", max concurrency
 # C with N prompts, or "C:N:PREFIX:INPUT" for W6's shared prefix; default the W5 points "1:16 16:160 64:384 256:768"
 # and W6 "64:256:2000:100"; ratios to vLLM where serve_anchor.sh left its files in $OUT; each point's step timeline
 # in $OUT/brisk_steps_<point>.jsonl, for benchmarks/step_timeline.py), BRISK_SERVE_INPUT_LEN (1024),
@@ -41,6 +41,32 @@ PEER_W4=()
 [ "${BRISK_SKIP_LONG_CONTEXT:-0}" = 1 ] ||
     bench long-context "${MODEL[@]}" "${PEER_W4[@]}" --output-json "$OUT/brisk_w4.json" | tail -9
 [ "${BRISK_SKIP_STARTUP:-0}" = 1 ] || bench startup "${MODEL[@]}" --output-json "$OUT/brisk_w7.json" | tail -6
+# Quantized (BRISK_QUANTIZED=1): W3 with FP8 weights and with W4A16 (the random INT4 layout), each as a ratio to W3
+# in bf16 above; W1 with FP8 weights; W4 with FP8 weights and the FP8 KV cache. Beside vLLM's figures of the same
+# setting where its anchor ran with VLLM_ANCHOR_QUANT=fp8 (VLLM_ANCHOR_KV=fp8 for W4) into $OUT/vllm_anchor_fp8.json.
+if [ "${BRISK_QUANTIZED:-0}" = 1 ]; then
+    PEER_FP8=()
+    [ -f "$OUT/vllm_anchor_fp8.json" ] && PEER_FP8=(--peer-json "$OUT/vllm_anchor_fp8.json")
+    bench latency "${MODEL[@]}" --quantization fp8 "${PEER_FP8[@]}" --output-json "$OUT/brisk_w3_fp8.json" | tail -6
+    bench latency --model llama-3.1-8b-shape-w4a16 --output-json "$OUT/brisk_w3_w4a16.json" | tail -6
+    python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+
+def tok_s(name):
+    path = Path(sys.argv[1]) / name
+    return json.loads(path.read_text())["results"]["brisk"]["decode_tok_s_median"] if path.is_file() else None
+
+bf16 = tok_s("brisk_w3.json")
+for label, name in (("FP8 weights", "brisk_w3_fp8.json"), ("W4A16", "brisk_w3_w4a16.json")):
+    if bf16 and tok_s(name):
+        print(f"W3 {label}: {tok_s(name):.1f} tok/s, {tok_s(name) / bf16:.2f}x bf16's {bf16:.1f}")
+PY
+    bench throughput --workload W1 "${MODEL[@]}" --quantization fp8 "${PEER_FP8[@]}" \
+        --output-json "$OUT/brisk_w1_fp8.json" | tail -8
+    bench long-context "${MODEL[@]}" --quantization fp8 --kv-cache-dtype fp8 "${PEER_FP8[@]}" \
+        --output-json "$OUT/brisk_w4_fp8.json" | tail -9
+fi
 
 # W5 and W6 online: brisk serve in the background (log: $OUT/brisk_serve.log), one brisk bench serve per point (JSON:
 # $OUT/brisk_w5_c{C}.json or brisk_w6.json, client output beside it), then SIGTERM and wait. A server that does not come
