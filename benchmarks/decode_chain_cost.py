@@ -125,7 +125,7 @@ def main() -> None:
         shape, config = gemv or (None, None)
         triton_gemv.gemv_config = tuned_config  # the engine's choice, or one projection's override for this case
         if gemv:
-            triton_gemv.gemv_config = lambda n, k: config if (n, k) == shape else tuned_config(n, k)  # noqa: B023
+            triton_gemv.gemv_config = lambda n, k, *rest: config if (n, k) == shape else tuned_config(n, k, *rest)  # noqa: B023
         layers(mode, ctx, splits, rotary, launch)  # compile outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()

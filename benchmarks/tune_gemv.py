@@ -5,9 +5,9 @@ beside cuBLAS, and time a whole batch-1 layer stack of projections fused and unf
     python benchmarks/tune_gemv.py --weights fp8 --skip-sweep --long-input-tiles 8x1024x8,16x1024x8,32x512x8
 
 ``--long-input-tiles`` also times the fused layer stack with each ``BLOCK_NxBLOCK_KxWARPS`` tile for the projections
-whose input outgrows one tile (the down projection), bf16 and 8-bit weights alike. The stack runs as the model does
+whose input outgrows one tile (the down projection), bf16 and 8-bit weights alike, in the order the model runs them
 (8-bit weights: the gate/up GEMV ends with SiLU-and-mul; bf16: the down GEMV starts with it, its tiled kernel
-recomputing the activation in every program), and times the other order beside it.
+recomputing the activation in every program). The stack with the default tiles is also timed in the other order.
 
 ``--weights fp8`` or ``int8`` gives the GEMV 8-bit weights with a float32 scale per output row (weight-only FP8 or
 INT8, as ``fused.scaled_dense`` calls it at one row; cuBLAS multiplies their bf16 dequantization) and tiles of up to
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +79,7 @@ def graph_ms(fn: Callable[[], object], replays: int = 20) -> float:
 
 
 def use(config: GemvConfig | None, pdl: bool) -> None:
-    triton_gemv.gemv_config = DEFAULT_CONFIG if config is None else (lambda n, k, weight_bytes=2: config)
+    triton_gemv.gemv_config = DEFAULT_CONFIG if config is None else (lambda n, k, *rest: config)
     triton_gemv.pdl_launch_options = DEFAULT_PDL if pdl else (lambda device, num_tokens: {"USE_PDL": False})
 
 
@@ -133,7 +133,7 @@ def sweep_projection(name: str, layers: int, top: int, weights_format: str, defa
               f"({cublas / ms:4.2f}x cuBLAS)")  # fmt: skip
 
 
-def layer_stack(layers: int, weights_format: str, long_input_tiles: list[GemvConfig] = ()) -> None:
+def layer_stack(layers: int, weights_format: str, long_input_tiles: Sequence[GemvConfig] = ()) -> None:
     """The projections of ``layers`` decoder layers at batch 1: fused GEMVs vs separate norm and activation
     kernels with cuBLAS; with 8-bit weights, the fused GEMVs on them too; then both with each of
     ``long_input_tiles`` for the inputs longer than 4096 (the down projection's)."""
@@ -202,9 +202,7 @@ def layer_stack(layers: int, weights_format: str, long_input_tiles: list[GemvCon
             print(f"  fused GEMVs, {weights_format} weights{label}    {ms:6.3f} ms  {gbytes / 2 / ms:5.2f} TB/s  "
                   f"({base / ms:4.2f}x)")  # fmt: skip
     for tile in long_input_tiles:
-        triton_gemv.gemv_config = lambda n, k, weight_bytes=2, tile=tile: (
-            tile if k > 4096 else DEFAULT_CONFIG(n, k, weight_bytes)
-        )
+        triton_gemv.gemv_config = lambda n, k, *rest, tile=tile: tile if k > 4096 else DEFAULT_CONFIG(n, k, *rest)
         ms = graph_ms(fused)
         line = f"  long inputs in {tile.block_n} x {tile.block_k} tiles, {tile.num_warps} warps: bf16 {ms:6.3f} ms"
         if eight_bit is not None:

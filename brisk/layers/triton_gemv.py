@@ -124,7 +124,7 @@ def _gemv_resident_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_K)
     col_mask = cols < K
-    up_ptr = weight_ptr + N.to(tl.int64) * weight_stride
+    up_ptr = weight_ptr + tl.cast(N, tl.int64) * weight_stride  # N == 1 arrives as a constant, not a tensor
     allow_next_kernel(USE_PDL)
     w = _weight_tile(weight_ptr, pid, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
     if GATED:
@@ -196,18 +196,18 @@ class GemvConfig(NamedTuple):
     programs_per_sm: int  # for the resident kernel; 0 takes the tiled kernel
 
 
-def gemv_config(n: int, k: int, weight_bytes: int = 2) -> GemvConfig:
+def gemv_config(n: int, k: int, weight_bytes: int = 2, prologue: bool = True) -> GemvConfig:
     """Measured on an H200 (``benchmarks/tune_gemv.py``, Llama-3.1-8B projections): an input of up to 4096
     elements stays in registers while four programs per SM stream 2-row weight tiles; the LM head's many blocks
     take one program per 4 x 4096 tile, and longer inputs (the down projection) one per 8 x 1024 tiles. Every
     choice keeps several 16-byte loads per thread in flight. 8-bit weights (``weight_bytes`` 1) take the same
-    tiles, but for longer inputs 8 x 2048, bf16's bytes: with no activation to recompute in the down GEMV (the
-    gate/up GEMV ends with it) that took the 8B shape's 32-layer stack of FP8 projections from 2.73 to 2.60 ms on
-    an H100, where the tiles of bf16's bytes everywhere had made batch-1 decode slower on the H200 (296 against
-    333 tokens/s) while the down GEMV still computed the activation."""
+    tiles, except 8 x 2048 (bf16's bytes) for longer inputs with no ``prologue`` to compute: for the down
+    projection after a gate/up GEMV that ended with the activation, that took the 8B shape's 32-layer stack of FP8
+    projections from 2.73 to 2.60 ms on an H100. With a prologue (the tiled kernel computes it again for every
+    tile), tiles of bf16's bytes had made batch-1 decode slower on the H200 (296 against 333 tokens/s)."""
     if k <= 4096:
         return GemvConfig(2, triton.next_power_of_2(k), 8, 4) if n < 65536 else GemvConfig(4, 4096, 4, 0)
-    return GemvConfig(8, 2048 if weight_bytes == 1 else 1024, 8, 0)
+    return GemvConfig(8, 2048 if weight_bytes == 1 and not prologue else 1024, 8, 0)
 
 
 def fuses_silu_and_mul(rows: int, k: int, weight_bytes: int) -> bool:
@@ -223,7 +223,7 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
             prologue=PROLOGUE_NONE, weight_scale=None, gated=False):  # fmt: skip
     n = out.shape[-1]
     assert weight.stride(1) == 1, "the GEMV reads weight rows as contiguous runs"
-    config = gemv_config(weight.shape[0], k, weight.element_size())
+    config = gemv_config(weight.shape[0], k, weight.element_size(), prologue.value != PROLOGUE_NONE.value)
     if gated:  # a block's gate rows and up rows together: the tile of the ungated launch, in two halves
         assert config.programs_per_sm, "only the resident kernel ends with SiLU-and-mul"
         config = config._replace(block_n=max(1, config.block_n // 2))
@@ -278,6 +278,7 @@ def rms_norm_gemv(
     gated MLP's ``[gate | up]`` and the first value is ``silu(gate) * up``, so that the down projection needs no
     prologue; its tiled kernel would recompute the activation in every program."""
     x = _row(x)
+    assert not silu_and_mul or weight.shape[0] % 2 == 0, "a [gate | up] weight has an even number of rows"
     out = torch.empty((1, weight.shape[0] // 2), dtype=x.dtype, device=x.device) if silu_and_mul else _output(x, weight)
     residual_out = torch.empty_like(x) if residual is not None else x
     residual = _row(residual) if residual is not None else None

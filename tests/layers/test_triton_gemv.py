@@ -125,8 +125,8 @@ def test_8bit_gemv_widens_every_value_exactly(k, dtype):
 )
 def test_gate_up_gemv_ending_with_silu_and_mul_matches_the_unfused_mlp(n, k, with_bias, fmt):
     """``rms_norm_gemv(..., silu_and_mul=True)`` over a ``[gate | up]`` weight of ``2 n`` rows gives ``silu(gate) *
-    up`` of the unfused norm and projection: odd ``n`` leaves the last block's gate and up rows partial, the
-    walking shape reloads both tile slots, FP8 weights take the scale of row ``n + i`` for up ``i``."""
+    up`` of the unfused norm and projection: the walking shape reloads both tile slots, FP8 weights take the scale
+    of row ``n + i`` for up ``i``, and a bias the same rows'."""
     from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
 
     torch.manual_seed(n + k)
@@ -167,3 +167,39 @@ def test_gated_epilogue_is_taken_for_8bit_weights_whose_input_stays_resident():
     assert triton_gemv.fuses_silu_and_mul(2 * 14336, 4096, 1)  # Llama-3.1-8B's MLP, FP8 weights
     assert not triton_gemv.fuses_silu_and_mul(2 * 14336, 4096, 2)  # bf16: measured slower that way
     assert not triton_gemv.fuses_silu_and_mul(2 * 28672, 8192, 1)  # Llama-3.1-70B's: the tiled kernel's input
+    # Its down projection then needs no prologue: 8-bit weights take tiles of bf16's bytes only then.
+    assert triton_gemv.gemv_config(4096, 14336, 1, prologue=False).block_k == 2048
+    assert triton_gemv.gemv_config(4096, 14336, 1, prologue=True).block_k == 1024
+    assert triton_gemv.gemv_config(4096, 14336, 2, prologue=False).block_k == 1024
+
+
+def test_llama_mlp_takes_the_gated_gemv_where_offered(monkeypatch):
+    """The MLP's one-row path on a GPU, run here by handing ``fused_linear`` the GEMV module and offering the gated
+    epilogue for float32 weights: its output and residual equal the CPU composition's, and the fused branch ran."""
+    from types import SimpleNamespace
+
+    from brisk.layers import fused_linear
+    from brisk.models.llama import LlamaMLP
+
+    torch.manual_seed(3)
+    config = SimpleNamespace(hidden_size=64, intermediate_size=40, hidden_act="silu")
+    mlp = LlamaMLP(config, torch.float32, True, None, "mlp").to(DEVICE)
+    for param in mlp.parameters():
+        param.data.normal_(0.0, 0.2)
+    norm = RMSNorm(64, 1e-5, torch.float32).to(DEVICE)
+    norm.weight.data.uniform_(0.5, 1.5)
+    x, residual = torch.randn(1, 64, device=DEVICE), torch.randn(1, 64, device=DEVICE)
+    expected, expected_residual = mlp(norm, x, residual)  # the composition (on a GPU: the ungated GEMVs)
+
+    gated_calls = []
+
+    def rms_norm_gemv(*args, silu_and_mul=False, **kwargs):
+        gated_calls.append(silu_and_mul)
+        return triton_gemv.rms_norm_gemv(*args, silu_and_mul=silu_and_mul, **kwargs)
+
+    monkeypatch.setattr(fused_linear, "gemv_ops_for", lambda x: SimpleNamespace(
+        fuses_silu_and_mul=lambda rows, k, weight_bytes: True, rms_norm_gemv=rms_norm_gemv))  # fmt: skip
+    out, out_residual = mlp(norm, x, residual)
+    assert gated_calls == [True]
+    torch.testing.assert_close(out_residual, expected_residual)
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
