@@ -97,3 +97,39 @@ def test_8b_shaped_gemv_rows_close_to_cublas(rows):
         errors[f"{n}x{k}"] = _rel_err(triton_gemv_rows.gemv_rows(x, w, None), F.linear(x, w))
     print(f"{rows} rows: max error relative to the largest output {errors}")
     assert max(errors.values()) < 1e-2
+
+
+def test_fp8_gate_up_ending_with_silu_and_mul_at_8b_shapes():
+    """The FP8 MLP as one row runs it: the gate/up GEMV ending with SiLU-and-mul equals the ungated GEMV followed by
+    the SiLU-and-mul kernel bit for bit (in a CUDA graph too), and the down GEMV in its 8-bit tiles is close to the
+    product of the dequantized weight; a one-row weight compiles (Triton passes N == 1 as a constant)."""
+    from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
+
+    torch.manual_seed(0)
+    x, residual = torch.randn(1, HIDDEN, device=DEV, dtype=BF16), torch.randn(1, HIDDEN, device=DEV, dtype=BF16)
+    norm_w = torch.rand(HIDDEN, device=DEV, dtype=BF16) + 0.5
+    gate_up_w, gate_up_scale = quantize_fp8_per_row(0.02 * torch.randn(2 * 14336, HIDDEN, device=DEV, dtype=BF16))
+    down_w, down_scale = quantize_fp8_per_row(0.02 * torch.randn(HIDDEN, 14336, device=DEV, dtype=BF16))
+    assert triton_gemv.fuses_silu_and_mul(*gate_up_w.shape, gate_up_w.element_size())
+
+    def mlp() -> torch.Tensor:
+        act, _ = triton_gemv.rms_norm_gemv(x, residual, norm_w, 1e-5, gate_up_w, None, gate_up_scale.view(-1),
+                                           silu_and_mul=True)  # fmt: skip
+        return act
+
+    act = mlp()
+    gate_up, _ = triton_gemv.rms_norm_gemv(x, residual, norm_w, 1e-5, gate_up_w, None, gate_up_scale.view(-1))
+    assert torch.equal(act, triton_ops.silu_and_mul(gate_up))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = mlp()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, act)
+    down = triton_gemv.gemv(act, down_w, None, down_scale.view(-1))
+    reference = act.double() @ dequantize(down_w, down_scale).double().T
+    assert _rel_err(down, reference) < 1e-2
+    one_row, _ = quantize_fp8_per_row(torch.randn(2, HIDDEN, device=DEV, dtype=BF16))
+    single = triton_gemv.rms_norm_gemv(x, None, norm_w, 1e-5, one_row, None, torch.ones(2, device=DEV),
+                                       silu_and_mul=True)[0]  # fmt: skip
+    assert single.shape == (1, 1)
