@@ -5,6 +5,8 @@ bytes over the bandwidth each kernel reaches, plus a gap at every kernel boundar
 weights in wide tiles, and can compute its input on the fly from the (residual add +) RMSNorm or the
 SiLU-and-mul that comes before the projection, which removes those launches and their round trips through
 memory. (Several rows would need a tensor-core tile to keep the loads wide; batches above one go to cuBLAS.)
+A gated MLP's gate/up GEMV can instead end with the SiLU-and-mul (``fuses_silu_and_mul`` says when), so that the
+down projection, whose long input takes the tiled kernel, does not compute the activation again in every program.
 
 With programmatic dependent launch (``pdl.py``) a GEMV loads its first weight tile, which does not depend on
 the previous kernel, before it waits for that kernel's results.
