@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tqdm.auto import tqdm
 
@@ -13,7 +13,8 @@ from brisk.engine.engine import LLMEngine
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+# Text, token ids, or one of vLLM's prompt dicts: {"prompt": text} or {"prompt_token_ids": ids}.
+Prompt = str | list[int] | Mapping
 
 
 class LLM:
@@ -89,12 +90,14 @@ class LLM:
 
     @staticmethod
     def _normalize_prompts(prompts) -> list[Prompt]:
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, Mapping)):
             return [prompts]
         if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) for t in prompts):
             return [list(prompts)]
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts must be a non-empty string, list of strings, or list of token-id lists.")
+            raise ValueError(
+                "prompts must be a non-empty string, list of strings, list of token-id lists, or prompt dicts."
+            )
         return list(prompts)
 
     @staticmethod

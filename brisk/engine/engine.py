@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -287,16 +287,37 @@ class LLMEngine:
         return num_blocks
 
     # ---- requests -----------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+    def tokenize(self, prompt: str | list[int] | Mapping) -> tuple[str | None, list[int]]:
+        """The prompt's text (None for token ids alone) and its token ids. Besides a string or a list of ids, a
+        prompt can be one of vLLM's prompt dicts: ``{"prompt": text}`` or ``{"prompt_token_ids": ids}`` (with
+        an optional ``"prompt"``: the ids' text, reported in the output)."""
+        if isinstance(prompt, Mapping):
+            return self._tokenize_prompt_dict(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("This model has no tokenizer: pass prompts as lists of token ids.")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        if not isinstance(prompt, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            raise ValueError("A prompt must be a string or a list of integer token ids.")
+        if not _is_token_ids(prompt):
+            raise ValueError(
+                'A prompt must be a string, a list of integer token ids, {"prompt": text} or {"prompt_token_ids": ids}.'
+            )
         return None, list(prompt)
+
+    def _tokenize_prompt_dict(self, prompt: Mapping) -> tuple[str | None, list[int]]:
+        # Fields that ask for something brisk lacks are refused; the same fields left empty ask for nothing.
+        unsupported = sorted(k for k, v in prompt.items() if k not in ("prompt", "prompt_token_ids") and v)
+        if unsupported:
+            raise ValueError(f"Prompt fields {unsupported} are not supported: brisk takes text and token ids only.")
+        text = prompt.get("prompt")
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f'"prompt" must be a string, got {type(text).__name__}.')
+        if "prompt_token_ids" in prompt:
+            if not _is_token_ids(prompt["prompt_token_ids"]):
+                raise ValueError('"prompt_token_ids" must be a list of integer token ids.')
+            return text, list(prompt["prompt_token_ids"])
+        if text is None:
+            raise ValueError('A prompt dict needs "prompt" (text) or "prompt_token_ids" (a list of token ids).')
+        return self.tokenize(text)
 
     def add_request(
         self,
@@ -623,3 +644,7 @@ class LLMEngine:
                 if logprob.decoded_token is None:
                     logprob.decoded_token = self.tokenizer.decode([token_id])
         return list(positions)
+
+
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)

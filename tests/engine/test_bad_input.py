@@ -18,7 +18,11 @@ def llm(tiny_llama):
         ([[]], "empty"),
         ("word " * 100, "max_model_len is 64"),
         ([[10**9]], "outside the vocabulary"),
-        ([1.5], "string or a list of integer"),
+        ([1.5], "string, a list of integer"),
+        ({"prompt_token_ids": [1, 2], "multi_modal_data": {"image": "x"}}, r"\['multi_modal_data'\] are not"),
+        ({"prompt_token_ids": "1 2"}, '"prompt_token_ids" must be a list'),
+        ({"prompt": 3}, '"prompt" must be a string'),
+        ([{"cache_salt": None}], 'needs "prompt"'),
     ],
 )
 def test_bad_prompts(llm, prompts, match):
@@ -191,3 +195,25 @@ def test_request_ids_of_n_sequences_cannot_collide(llm):
     while engine.has_unfinished_requests():
         engine.step()
     assert not engine._child_to_parent and not engine.scheduler.requests
+
+
+def test_vllm_prompt_dicts(llm):
+    """vLLM's TextPrompt and TokensPrompt dicts (what its offline users pass) give what text and ids give; empty
+    extra fields ask for nothing, and a TokensPrompt's text is reported as the output's prompt."""
+    greedy = SamplingParams(max_tokens=4, temperature=0)
+    ids = llm.get_tokenizer().encode("hello world", add_special_tokens=True)
+    expected = llm.generate(["hello world"], greedy, use_tqdm=False)[0]
+    outputs = llm.generate(
+        [
+            {"prompt": "hello world"},
+            {"prompt_token_ids": ids, "multi_modal_data": None},
+            {"prompt_token_ids": ids, "prompt": "hello world", "cache_salt": None},
+        ],
+        greedy,
+        use_tqdm=False,
+    )
+    for out in outputs:
+        assert out.prompt_token_ids == ids and out.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert [out.prompt for out in outputs] == ["hello world", None, "hello world"]
+    single = llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)
+    assert single[0].outputs[0].token_ids == expected.outputs[0].token_ids
