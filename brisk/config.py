@@ -50,6 +50,9 @@ class EngineArgs:
     tokenizer: str | None = None
     revision: str | None = None  # hub ids: a branch, tag or commit (default: main)
     download_dir: str | None = None  # hub ids: download here instead of the Hugging Face cache
+    # Let transformers run the model folder's own Python for its config and tokenizer classes (``auto_map``); the
+    # model itself is always brisk's implementation of its ``architectures``.
+    trust_remote_code: bool = False
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -233,7 +236,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "kv_cache_memory_bytes": ((int,), "an integer"),
     **{
         name: ((bool,), "True or False")
-        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling", "serving")
+        for name in ("trust_remote_code", "enable_prefix_caching", "enforce_eager", "async_scheduling", "serving")
     },
     "gpu_memory_utilization": ((int, float), "a number"),
     "speculative_config": ((dict,), "a dict (a JSON object)"),
@@ -274,14 +277,15 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
     return config_dtype if config_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
-def read_hf_config(folder: Path):
-    """Load the folder's config with transformers (it knows every field's defaults)."""
+def read_hf_config(folder: Path, trust_remote_code: bool = False):
+    """Load the folder's config with transformers (it knows every field's defaults); ``trust_remote_code`` lets
+    it run a config class the folder ships (``auto_map``)."""
     from transformers import AutoConfig
 
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} has no config.json; is it an HF-style model folder?")
     try:
-        return AutoConfig.from_pretrained(folder)
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as exc:
         try:
             model_type = json.loads((folder / "config.json").read_text()).get("model_type")

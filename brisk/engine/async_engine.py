@@ -666,6 +666,7 @@ class _TokenizerPreload:
 
     def __init__(self, engine_args: Any):
         self._guess = _guess_tokenizer_path(engine_args)
+        self._trust_remote_code = bool(getattr(engine_args, "trust_remote_code", False))
         self._tokenizer: Any = None
         self._thread = threading.Thread(target=self._load, name="brisk-tokenizer-preload", daemon=True)
         self._thread.start()
@@ -675,7 +676,7 @@ class _TokenizerPreload:
             from transformers import AutoTokenizer
 
             if self._guess is not None:
-                self._tokenizer = AutoTokenizer.from_pretrained(self._guess)
+                self._tokenizer = AutoTokenizer.from_pretrained(self._guess, trust_remote_code=self._trust_remote_code)
 
     def get(self, path: str | None) -> Any:
         self._thread.join()
@@ -683,7 +684,7 @@ class _TokenizerPreload:
             return None
         if path == self._guess and self._tokenizer is not None:
             return self._tokenizer
-        return load_tokenizer(path)
+        return load_tokenizer(path, trust_remote_code=self._trust_remote_code)
 
 
 def _guess_tokenizer_path(engine_args: Any) -> str | None:

@@ -84,7 +84,7 @@ class LLMEngine:
             revision=args.revision,
             download_dir=args.download_dir,
         )
-        hf_config = read_hf_config(path)
+        hf_config = read_hf_config(path, args.trust_remote_code)
         dtype = resolve_dtype(args.dtype, hf_config, self.device)
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.model_config.quant_config = get_quantization_config(args.quantization, hf_config)
@@ -92,7 +92,9 @@ class LLMEngine:
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
         self.tokenizer = load_tokenizer(
-            args.tokenizer or path, optional=args.load_format == "dummy" and args.tokenizer is None
+            args.tokenizer or path,
+            optional=args.load_format == "dummy" and args.tokenizer is None,
+            trust_remote_code=args.trust_remote_code,
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
         self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)

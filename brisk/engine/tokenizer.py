@@ -11,7 +11,7 @@ logger = logging.getLogger(__name__)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
-def load_tokenizer(path, optional: bool = False):
+def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False):
     """The tokenizer at ``path``; an error that names it, or None with a warning when ``optional``.
 
     An optional tokenizer of a local folder that holds no tokenizer file (a named shape with random weights) is
@@ -23,7 +23,7 @@ def load_tokenizer(path, optional: bool = False):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
         if optional:
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)

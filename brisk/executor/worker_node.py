@@ -21,7 +21,7 @@ def run_worker_node(args: EngineArgs) -> int:
     args.validate()
     device = resolve_device(args.device)
     path = resolve_model(str(args.model), preferred_dtype(args.dtype, device))
-    hf_config = read_hf_config(path)
+    hf_config = read_hf_config(path, args.trust_remote_code)
     model_config = ModelConfig.from_hf_config(
         path, hf_config, resolve_dtype(args.dtype, hf_config, device), args.max_model_len
     )

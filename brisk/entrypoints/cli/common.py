@@ -74,6 +74,11 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         "--download-dir", default=None, help="Hub ids: download here (default: the Hugging Face cache)."
     )
     parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="Run the config and tokenizer classes the model folder ships (auto_map) through transformers.",
+    )
+    parser.add_argument(
         "--system", default=None, help="A system message (default: the chat template's own, if it has one)."
     )
     g = parser.add_argument_group("sampling")
@@ -202,7 +207,7 @@ def _one_sequence_kv_bytes(engine_args) -> int | None:
         revision=engine_args.revision,
         download_dir=engine_args.download_dir,
     )
-    hf_config = read_hf_config(path)
+    hf_config = read_hf_config(path, engine_args.trust_remote_code)
     dtype = resolve_dtype(engine_args.dtype, hf_config, device)
     config = ModelConfig.from_hf_config(path, hf_config, dtype, engine_args.max_model_len)
     block = engine_args.block_size
@@ -234,6 +239,7 @@ def engine_args_from_args(args: argparse.Namespace):
         model=args.model,
         revision=args.revision,
         download_dir=args.download_dir,
+        trust_remote_code=args.trust_remote_code,
         device=args.device,
         dtype=args.dtype,
         max_model_len=args.max_model_len,

@@ -25,6 +25,7 @@ ENGINE_FLAGS = (
     "tokenizer",
     "revision",
     "download_dir",
+    "trust_remote_code",
     "dtype",
     "device",
     "max_model_len",
@@ -115,6 +116,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
     g.add_argument("--tokenizer", default=None, help="Tokenizer folder or name (default: the model's).")
     g.add_argument("--revision", default=None, help="Hub ids: the branch, tag or commit (default: main).")
     g.add_argument("--download-dir", default=None, help="Hub ids: download here (default: the Hugging Face cache).")
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=None,
+        help="Run the config and tokenizer classes the model folder ships (auto_map) through transformers.",
+    )
     g.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16 (default: auto).")
     g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: auto).")
     g.add_argument("--max-model-len", type=positive_int, default=None, help="Context length (prompt + output).")
