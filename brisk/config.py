@@ -53,6 +53,9 @@ class EngineArgs:
     # Let transformers run the model folder's own Python for its config and tokenizer classes (``auto_map``); the
     # model itself is always brisk's implementation of its ``architectures``.
     trust_remote_code: bool = False
+    # Sampling defaults of requests that leave them out: "auto" the model's generation_config.json (as vLLM),
+    # "vllm" the neutral ones, or a folder holding a generation_config.json (engine/generation_defaults.py).
+    generation_config: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -213,6 +216,7 @@ _FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
             "attention_backend",
             "quantization",
             "kv_cache_dtype",
+            "generation_config",
             "distributed_executor_backend",
             "master_addr",
         )

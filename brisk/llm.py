@@ -32,6 +32,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` sample with when given no ``SamplingParams``: the neutral defaults, or
+        those the model's ``generation_config.json`` recommends (``generation_config`` says which)."""
+        return SamplingParams(**self.engine.default_sampling_fields)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -100,10 +105,9 @@ class LLM:
             )
         return list(prompts)
 
-    @staticmethod
-    def _normalize_params(params, count: int) -> list[SamplingParams]:
+    def _normalize_params(self, params, count: int) -> list[SamplingParams]:
         if params is None:
-            params = SamplingParams()
+            params = self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             return [params] * count
         if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):

@@ -6,7 +6,7 @@ The engine lives in a child process (``brisk-engine``, started with the "spawn" 
 :class:`brisk.engine.core_process.EngineCore`), so scheduling, the model's step, detokenization and building
 outputs never compete with the HTTP server for the GIL. This process keeps what the server needs next to the
 event loop: its own copy of the tokenizer (loaded from the path the child reports), ``max_model_len``, the
-metrics, and one :class:`RequestStream` per request.
+model's sampling defaults, the metrics, and one :class:`RequestStream` per request.
 
 * Commands (add / abort / stop) are batched per event-loop iteration and written to the child's pipe by a
   sender thread, so a child busy with a long step never blocks the event loop.
@@ -139,6 +139,8 @@ class AsyncLLM:
         self.metrics = metrics
         self.tokenizer: Any = None
         self.max_model_len: int = 0
+        # Sampling defaults of requests that leave them out (engine/generation_defaults.py).
+        self.default_sampling_fields: dict[str, Any] = {}
         self.vocab_size: int | None = None
         self.engine_pid: int | None = None
         self.engine_gc_frozen_objects = 0  # objects start-up left in the engine process, out of the collector's reach
@@ -197,6 +199,7 @@ class AsyncLLM:
                 raise _startup_error(message[1])
             info = message[1]
             self.max_model_len = info["max_model_len"]
+            self.default_sampling_fields = info["default_sampling_fields"]
             self.vocab_size = info["vocab_size"]
             self.engine_pid = info["pid"]
             self.engine_gc_frozen_objects = info["gc_frozen_objects"]

@@ -149,6 +149,7 @@ def ready_info(engine: Any) -> dict[str, Any]:
         tokenizer_path = str(tokenizer_path) if tokenizer_path else None
     return {
         "max_model_len": engine.max_model_len,
+        "default_sampling_fields": getattr(engine, "default_sampling_fields", {}),
         "vocab_size": vocab_size(engine),
         "has_tokenizer": tokenizer is not None,
         "tokenizer_path": tokenizer_path,

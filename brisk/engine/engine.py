@@ -25,6 +25,7 @@ from brisk.config import (
 )
 from brisk.engine.constraints import RequestConstraints
 from brisk.engine.detokenizer import IncrementalDetokenizer
+from brisk.engine.generation_defaults import default_sampling_fields
 from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
@@ -97,6 +98,7 @@ class LLMEngine:
             trust_remote_code=args.trust_remote_code,
         )
         self.eos_token_ids = self._eos_token_ids(path, hf_config)
+        self.default_sampling_fields = default_sampling_fields(path, args.generation_config)
         self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
 
         backend = args.attention_backend or default_backend(self.device)

@@ -26,6 +26,7 @@ ENGINE_FLAGS = (
     "revision",
     "download_dir",
     "trust_remote_code",
+    "generation_config",
     "dtype",
     "device",
     "max_model_len",
@@ -121,6 +122,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser, title: str = "engine")
         action="store_true",
         default=None,
         help="Run the config and tokenizer classes the model folder ships (auto_map) through transformers.",
+    )
+    g.add_argument(
+        "--generation-config",
+        default=None,
+        help="Sampling defaults of requests that leave them out: auto (the model's generation_config.json), "
+        "vllm (neutral) or a folder holding a generation_config.json (default: auto).",
     )
     g.add_argument("--dtype", default=None, help="auto, float32, float16 or bfloat16 (default: auto).")
     g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: auto).")

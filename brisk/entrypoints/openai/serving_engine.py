@@ -24,6 +24,7 @@ from brisk.engine.async_engine import (
     RequestStream,
     RequestTimeoutError,
 )
+from brisk.engine.generation_defaults import SAMPLING_FIELDS
 from brisk.entrypoints.openai.config import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
 from brisk.entrypoints.openai.logprobs import TOKEN_IDS
@@ -84,6 +85,7 @@ class OpenAIServing:
         self.config = config
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.default_sampling_fields = engine.default_sampling_fields
         self._tokenizer_pool = tokenizer_pool
 
     # ---- names and inputs -----------------------------------------------------------------------------
@@ -208,8 +210,9 @@ class OpenAIServing:
     def resolve_max_tokens(self, requested: int | None, num_prompt_tokens: int, param: str) -> int:
         room = self.max_model_len - num_prompt_tokens
         limit = self.config.max_tokens_limit
-        if requested is None:
-            return min(room, limit) if limit is not None else room
+        if requested is None:  # the model's recommended default, if any, else all the room there is
+            default = self.default_sampling_fields.get("max_tokens")
+            return min(x for x in (room, limit, default) if x is not None)
         if requested < 1:
             raise bad_request(f"'{param}' must be at least 1, got {requested}.", param=param)
         if limit is not None and requested > limit:
@@ -284,13 +287,14 @@ class OpenAIServing:
         if req.allowed_token_ids:
             self.check_token_ids(req.allowed_token_ids, "allowed_token_ids")
         fields.setdefault("structured_outputs", structured_outputs_of(req))
+        defaults = self.default_sampling_fields
         return self.sampling_params(
             dict(
                 n=req.n,
-                temperature=req.temperature,
-                top_p=req.top_p,
-                top_k=req.top_k,
-                min_p=req.min_p,
+                **{
+                    name: defaults.get(name) if getattr(req, name) is None else getattr(req, name)
+                    for name in SAMPLING_FIELDS
+                },
                 max_tokens=max_tokens,
                 min_tokens=req.min_tokens,
                 stop=req.stop,
@@ -299,7 +303,6 @@ class OpenAIServing:
                 seed=req.seed,
                 presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty,
-                repetition_penalty=req.repetition_penalty,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 logit_bias=req.logit_bias or None,
