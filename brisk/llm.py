@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 
 from brisk.config import EngineArgs
 from brisk.engine.engine import LLMEngine
+from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
@@ -63,7 +64,14 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = True,
+        *,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
+        """Each conversation rendered by the chat template, then generated (vLLM's arguments): ``tools`` reach
+        the template as its ``tools``, ``chat_template_kwargs`` as further variables (``enable_thinking``, ...),
+        and ``continue_final_message`` continues the last (assistant) message instead of starting a new one."""
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise ValueError("This model has no tokenizer, so chat templates cannot be applied.")
@@ -80,12 +88,25 @@ class LLM:
                 raise ValueError(f"messages must be {shape}; each message needs 'role' and 'content'.")
         if chat_template is None and tokenizer.chat_template is None:
             raise ValueError("The tokenizer has no chat template: pass chat_template= (a Jinja string).")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError(
+                "continue_final_message continues the last message, add_generation_prompt starts a new one: pass "
+                "add_generation_prompt=False with it."
+            )
+        if continue_final_message and any(c[-1]["role"] != "assistant" for c in conversations):
+            raise ValueError("continue_final_message needs each conversation to end with an assistant message.")
+        clash = sorted(RESERVED_CHAT_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+        if clash:
+            raise ValueError(f"chat_template_kwargs cannot set {clash}: use chat()'s own arguments.")
         prompts = [
             tokenizer.apply_chat_template(
                 conversation,
                 chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
                 tokenize=False,
+                **(chat_template_kwargs or {}),
             )
             for conversation in conversations
         ]

@@ -7,6 +7,11 @@ import os
 
 logger = logging.getLogger(__name__)
 
+# Arguments of transformers' apply_chat_template that the callers set themselves: chat_template_kwargs may not.
+RESERVED_CHAT_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "chat_template", "tokenize", "tools", "add_generation_prompt"}
+)
+
 # Files one of which every tokenizer folder holds (fast, sentencepiece, BPE vocabulary, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 

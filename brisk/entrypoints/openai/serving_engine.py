@@ -25,6 +25,7 @@ from brisk.engine.async_engine import (
     RequestTimeoutError,
 )
 from brisk.engine.generation_defaults import SAMPLING_FIELDS
+from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS
 from brisk.entrypoints.openai.config import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
 from brisk.entrypoints.openai.logprobs import TOKEN_IDS
@@ -158,8 +159,7 @@ class OpenAIServing:
                 "continue_final_message needs the last message to be an assistant message.", param="messages"
             )
         conversation = [template_message(m) for m in messages]
-        reserved = {"conversation", "chat_template", "tokenize", "tools", "add_generation_prompt"}
-        clash = sorted(reserved & set(template_kwargs or {}))
+        clash = sorted(RESERVED_CHAT_TEMPLATE_KWARGS & set(template_kwargs or {}))
         if clash:
             raise bad_request(
                 f"chat_template_kwargs cannot set {clash}: use the request's own fields.", "chat_template_kwargs"
