@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from brisk.sampling_params import SamplingParams
+
 logger = logging.getLogger(__name__)
 
 # The fields vLLM takes, under SamplingParams' names; HF's max_new_tokens becomes max_tokens.
@@ -44,6 +46,13 @@ def default_sampling_fields(model_path: str | Path, source: str = "auto") -> dic
     fields = {name: config[name] for name in SAMPLING_FIELDS if config.get(name) is not None}
     if config.get("max_new_tokens") is not None:
         fields["max_tokens"] = config["max_new_tokens"]
+    try:  # a bad value is a startup error, not a 400 on requests that never sent the field
+        SamplingParams(**fields)
+    except ValueError as exc:
+        raise ValueError(
+            f"{folder / 'generation_config.json'} recommends sampling values brisk cannot use ({exc}); fix the "
+            "file, or pass generation_config='vllm'."
+        ) from exc
     if fields:
         logger.warning(
             "Requests that leave them out take these sampling defaults from %s: %s (generation_config='vllm' "

@@ -36,6 +36,9 @@ def test_fields_that_differ_from_transformers_defaults(recommending, tiny_llama,
     assert default_sampling_fields(tiny_llama, recommending) == {"temperature": 0.7, "top_k": 1, "max_tokens": 5}
     with pytest.raises(ValueError, match="holds no generation_config.json"):
         default_sampling_fields(tiny_llama, str(tmp_path))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 1.5}))
+    with pytest.raises(ValueError, match="recommends sampling values brisk cannot use .*top_p"):
+        default_sampling_fields(tiny_llama, str(tmp_path))
 
 
 def test_offline_requests_without_sampling_params_take_them(recommending):
