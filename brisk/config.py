@@ -309,6 +309,7 @@ class ModelConfig:
     head_size: int
     quant_config: object | None = None  # a brisk.layers.quantization config: how linear layers hold weights
     kv_cache_dtype: torch.dtype | None = None  # None: the model's dtype
+    trust_remote_code: bool = False  # a draft model's folder is read as the target's was
 
     @classmethod
     def from_hf_config(cls, path: Path, hf_config, dtype: torch.dtype, max_model_len: int | None) -> ModelConfig:

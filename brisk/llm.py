@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 
 from brisk.config import EngineArgs
 from brisk.engine.engine import LLMEngine
-from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS
+from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS, template_message
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
@@ -83,9 +83,10 @@ class LLM:
             if (
                 not isinstance(conversation, list)
                 or not conversation
-                or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation)
+                or not all(_is_chat_message(m) for m in conversation)
             ):
-                raise ValueError(f"messages must be {shape}; each message needs 'role' and 'content'.")
+                raise ValueError(f"messages must be {shape}; each message needs 'role' and 'content' or 'tool_calls'.")
+        conversations = [[template_message(m) for m in conversation] for conversation in conversations]
         if chat_template is None and tokenizer.chat_template is None:
             raise ValueError("The tokenizer has no chat template: pass chat_template= (a Jinja string).")
         if continue_final_message and add_generation_prompt:
@@ -158,3 +159,8 @@ class LLM:
         if self.engine.step_timer.enabled:
             print(f"brisk step timing: {self.engine.step_timer.summary()}", file=sys.stderr)
         return [finished[r] for r in request_ids]
+
+
+def _is_chat_message(message) -> bool:
+    """A role and content, or an assistant turn that only calls tools (OpenAI's shape, no content)."""
+    return isinstance(message, dict) and "role" in message and ("content" in message or "tool_calls" in message)

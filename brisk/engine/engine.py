@@ -90,6 +90,7 @@ class LLMEngine:
         self.model_config = ModelConfig.from_hf_config(path, hf_config, dtype, args.max_model_len)
         self.model_config.quant_config = get_quantization_config(args.quantization, hf_config)
         self.model_config.kv_cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype)
+        self.model_config.trust_remote_code = args.trust_remote_code
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
         self.tokenizer = load_tokenizer(
@@ -315,7 +316,7 @@ class LLMEngine:
         text = prompt.get("prompt")
         if text is not None and not isinstance(text, str):
             raise ValueError(f'"prompt" must be a string, got {type(text).__name__}.')
-        if "prompt_token_ids" in prompt:
+        if prompt.get("prompt_token_ids") is not None:
             if not _is_token_ids(prompt["prompt_token_ids"]):
                 raise ValueError('"prompt_token_ids" must be a list of integer token ids.')
             return text, list(prompt["prompt_token_ids"])

@@ -1,15 +1,18 @@
-"""Loading a tokenizer, for the engine and the server's HTTP side alike (this module imports nothing heavy)."""
+"""Loading a tokenizer and shaping chat messages for its template, for the engine, ``LLM.chat`` and the server's
+HTTP side alike (this module imports nothing heavy)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 # Arguments of transformers' apply_chat_template that the callers set themselves: chat_template_kwargs may not.
 RESERVED_CHAT_TEMPLATE_KWARGS = frozenset(
-    {"conversation", "chat_template", "tokenize", "tools", "add_generation_prompt"}
+    {"conversation", "chat_template", "tokenize", "tools", "add_generation_prompt", "continue_final_message"}
 )
 
 # Files one of which every tokenizer folder holds (fast, sentencepiece, BPE vocabulary, tiktoken).
@@ -34,3 +37,26 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-style chat message as chat templates take it (vLLM renders them so): ``developer`` as
+    ``system``, and tool calls' JSON-string arguments as objects, which templates serialize themselves."""
+    entry = dict(message)
+    if entry.get("role") == "developer":
+        entry["role"] = "system"
+    calls = entry.get("tool_calls")
+    if isinstance(calls, list):
+        entry["tool_calls"] = [_call_with_object_arguments(call) for call in calls]
+    return entry
+
+
+def _call_with_object_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}

@@ -66,7 +66,7 @@ def draft_model_config(draft: str, target: ModelConfig) -> ModelConfig:
     from brisk.loader.resolve import resolve_model
 
     path = resolve_model(draft, target.dtype)
-    hf_config = read_hf_config(path)
+    hf_config = read_hf_config(path, target.trust_remote_code)
     text_config = getattr(hf_config, "text_config", None) or hf_config
     draft_vocab, target_vocab = text_config.vocab_size, target.hf_config.vocab_size
     if draft_vocab != target_vocab:

@@ -208,12 +208,13 @@ def test_vllm_prompt_dicts(llm):
             {"prompt": "hello world"},
             {"prompt_token_ids": ids, "multi_modal_data": None},
             {"prompt_token_ids": ids, "prompt": "hello world", "cache_salt": None},
+            {"prompt": "hello world", "prompt_token_ids": None},
         ],
         greedy,
         use_tqdm=False,
     )
     for out in outputs:
         assert out.prompt_token_ids == ids and out.outputs[0].token_ids == expected.outputs[0].token_ids
-    assert [out.prompt for out in outputs] == ["hello world", None, "hello world"]
+    assert [out.prompt for out in outputs] == ["hello world", None, "hello world", "hello world"]
     single = llm.generate({"prompt_token_ids": ids}, greedy, use_tqdm=False)
     assert single[0].outputs[0].token_ids == expected.outputs[0].token_ids

@@ -44,12 +44,35 @@ def test_continue_final_message(llm):
     assert out[0].prompt_token_ids == llm.get_tokenizer().encode(expected, add_special_tokens=False)
 
 
+def test_a_conversation_with_tool_calls(llm):
+    """An assistant turn that only calls a tool (no content) renders, its JSON-string arguments reaching the
+    template as an object (the template serializes them once), and ``developer`` as ``system``, as the server does."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m.get('tool_calls') %}"
+        "{{ m['tool_calls'][0]['function']['arguments'] | tojson }}{% else %}{{ m['content'] }}{% endif %}"
+        "<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    )
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    conversation = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    out = llm.chat(conversation, GREEDY, chat_template=template, use_tqdm=False)
+    expected = (
+        '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>assistant\n{"city": "Paris"}<|im_end|>\n'
+        "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant"  # Jinja drops a template's last newline
+    )
+    assert out[0].prompt_token_ids == llm.get_tokenizer().encode(expected, add_special_tokens=False)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"continue_final_message": True}, "pass add_generation_prompt=False"),
         ({"continue_final_message": True, "add_generation_prompt": False}, "end with an assistant message"),
         ({"chat_template_kwargs": {"tools": []}}, r"cannot set \['tools'\]"),
+        ({"chat_template_kwargs": {"continue_final_message": True}}, r"cannot set \['continue_final_message'\]"),
     ],
 )
 def test_misuse_says_what_to_change(llm, kwargs, match):

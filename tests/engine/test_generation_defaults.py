@@ -39,6 +39,12 @@ def test_fields_that_differ_from_transformers_defaults(recommending, tiny_llama,
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 1.5}))
     with pytest.raises(ValueError, match="recommends sampling values brisk cannot use .*top_p"):
         default_sampling_fields(tiny_llama, str(tmp_path))
+    (tmp_path / "generation_config.json").write_text("[1]")
+    with pytest.raises(ValueError, match="is not a JSON object"):
+        default_sampling_fields(tiny_llama, str(tmp_path))
+    # Every field written counts, one equal to an old transformers default too (vLLM 0.26 reads it so).
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_k": 50, "temperature": 1.0}))
+    assert default_sampling_fields(tiny_llama, str(tmp_path)) == {"temperature": 1.0, "top_k": 50}
 
 
 def test_offline_requests_without_sampling_params_take_them(recommending):

@@ -53,3 +53,13 @@ def test_the_command_line_flag_reaches_the_engine(remote_code_folder, flags, tru
     assert build_configs(serve)[0].trust_remote_code is trusted
     generate = build_parser().parse_args(["generate", "hi", "--model", remote_code_folder, *flags])
     assert engine_args_from_args(generate).trust_remote_code is trusted
+
+
+def test_a_draft_model_is_read_as_the_target_is(remote_code_folder, tiny_llama):
+    spec = {"method": "draft_model", "model": remote_code_folder, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        LLM(tiny_llama, device="cpu", speculative_config=spec)
+    llm = LLM(tiny_llama, device="cpu", speculative_config=spec, trust_remote_code=True)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    expected = LLM(tiny_llama, device="cpu").generate(["hello world"], greedy, use_tqdm=False)[0].outputs[0]
+    assert llm.generate(["hello world"], greedy, use_tqdm=False)[0].outputs[0].token_ids == expected.token_ids

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from brisk.engine.tokenizer import template_message as chat_template_message
 from brisk.entrypoints.openai.errors import bad_request
 from brisk.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage
 from brisk.entrypoints.openai.tool_parsers import ParsedToolCall, ToolParser
@@ -101,9 +102,9 @@ def tool_mode(req: ChatCompletionRequest, auto_enabled: bool) -> ToolMode:
 
 
 def template_message(m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates take it: tool calls with their arguments as objects (templates serialize
-    them), tool results with their call id."""
-    entry: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    """A message as chat templates take it (``tokenizer.template_message``): tool calls with their arguments as
+    objects, tool results with their call id."""
+    entry: dict[str, Any] = {"role": m.role, "content": m.text()}
     if m.name is not None:
         entry["name"] = m.name
     if m.tool_calls:
@@ -111,17 +112,10 @@ def template_message(m: ChatMessage) -> dict[str, Any]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
             }
             for call in m.tool_calls
         ]
     if m.tool_call_id is not None:
         entry["tool_call_id"] = m.tool_call_id
-    return entry
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
+    return chat_template_message(entry)
