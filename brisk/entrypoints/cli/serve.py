@@ -127,6 +127,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="uvicorn's log level (default: info).",
     )
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="Do not log every HTTP request.")
+    g.add_argument(
+        "--enable-log-requests",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Log each request's id, prompt length and sampling parameters at INFO (default: off).",
+    )
+    g.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="Accepted for vLLM's command lines: brisk logs no periodic statistics (they are on /metrics).",
+    )
 
 
 def positive_float(value: str) -> float:
@@ -227,6 +238,7 @@ def build_configs(args: argparse.Namespace):
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        enable_log_requests=args.enable_log_requests,
     )
     return engine_args, server_config
 

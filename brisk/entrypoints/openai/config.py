@@ -35,6 +35,7 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False  # tool_choice "auto": parse tool calls out of the model's text
     tool_call_parser: str | None = None  # a name of tool_parsers.TOOL_PARSERS
     reasoning_parser: str | None = None  # a name of reasoning_parsers.REASONING_PARSERS
+    enable_log_requests: bool = False  # log each request's id, prompt length and sampling parameters (INFO)
 
     @property
     def model_name(self) -> str:

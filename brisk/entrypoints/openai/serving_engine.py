@@ -330,6 +330,9 @@ class OpenAIServing:
 
     async def submit_all(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
         """Hand requests to the engine together (one message, one wait for all), errors as OpenAI errors."""
+        if self.config.enable_log_requests:
+            for request_id, prompt_ids, params in requests:
+                logger.info("request %s: %d prompt tokens, %s", request_id, len(prompt_ids), params)
         try:
             return await self.engine.add_requests(requests, time.time(), self.config.request_timeout)
         except ValueError as exc:
