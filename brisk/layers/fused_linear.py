@@ -38,9 +38,24 @@ def rms_norm_linear(
     norm: RMSNorm, linear: LinearBase, x: torch.Tensor, residual: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(linear(norm(x + residual)), x + residual)``; without ``residual`` (the first layer), x is the residual."""
-    gemv, weight_scale = _fused_gemv(linear, x)
+    return _rms_norm_linear(norm, linear, x, residual, *_fused_gemv(linear, x))
+
+
+def _rms_norm_linear(
+    norm: RMSNorm,
+    linear: LinearBase,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    gemv: ModuleType | None,
+    weight_scale: torch.Tensor | None,
+    silu_and_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rms_norm_linear` with ``_fused_gemv``'s answer already in hand; ``silu_and_mul`` (GEMV only): the
+    output is the gated MLP's activation."""
     if gemv is not None:
-        return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias, weight_scale)
+        return gemv.rms_norm_gemv(
+            x, residual, norm.weight, norm.eps, linear.weight, linear.bias, weight_scale, silu_and_mul=silu_and_mul
+        )
     if residual is None:
         return linear(norm(x)), x
     normed, residual = norm(x, residual)
@@ -69,9 +84,7 @@ def rms_norm_gated_mlp(
     projection's tiled GEMV computes it again for the whole input."""
     gemv, weight_scale = _fused_gemv(gate_up, x)
     if gemv is not None and gemv.fuses_silu_and_mul(*gate_up.weight.shape, gate_up.weight.element_size()):
-        activated, residual = gemv.rms_norm_gemv(
-            x, residual, norm.weight, norm.eps, gate_up.weight, gate_up.bias, weight_scale, silu_and_mul=True
-        )
+        activated, residual = _rms_norm_linear(norm, gate_up, x, residual, gemv, weight_scale, silu_and_mul=True)
         return down(activated), residual
-    gate_up_out, residual = rms_norm_linear(norm, gate_up, x, residual)
+    gate_up_out, residual = _rms_norm_linear(norm, gate_up, x, residual, gemv, weight_scale)
     return silu_and_mul_linear(act, down, gate_up_out), residual
