@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass
@@ -20,7 +20,8 @@ PositionLogprobs = dict[int, Logprob]
 
 @dataclass
 class CompletionOutput:
-    """One of the ``n`` completions of a request. ``text`` and ``token_ids`` are cumulative."""
+    """One of the ``n`` completions of a request. ``text``, ``token_ids`` and ``logprobs`` are cumulative (only
+    what is new in a stream of ``RequestOutputKind.DELTA``; ``cumulative_logprob`` is always the whole sum)."""
 
     index: int
     text: str
@@ -69,3 +70,30 @@ class RequestOutput:
     metrics: RequestMetrics
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+
+
+class DeltaOutputs:
+    """Turns one request's cumulative outputs into ``RequestOutputKind.DELTA`` ones: each holds only the text,
+    token ids and logprobs the previous ones did not, and only the completions that changed (those of ``n > 1``
+    that got no token are left out). Prompt logprobs come once, in the first; later outputs have ``[]``.
+    Giving it only the newest of several cumulative outputs merges their deltas."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int, bool]] = {}  # completion index -> (chars, tokens, finished) sent
+        self._sent_prompt_logprobs = False
+
+    def delta(self, output: RequestOutput) -> RequestOutput:
+        completions = []
+        for c in output.outputs:
+            chars, tokens, finished = self._sent.get(c.index, (0, 0, False))
+            if len(c.text) == chars and len(c.token_ids) == tokens and c.finished == finished:
+                continue
+            self._sent[c.index] = (len(c.text), len(c.token_ids), c.finished)
+            # (a stream's cumulative outputs may share one logprobs list that has grown since: cut at the tokens)
+            logprobs = None if c.logprobs is None else c.logprobs[tokens : len(c.token_ids)]
+            completions.append(replace(c, text=c.text[chars:], token_ids=c.token_ids[tokens:], logprobs=logprobs))
+        prompt_logprobs = output.prompt_logprobs
+        if prompt_logprobs is not None:
+            prompt_logprobs = [] if self._sent_prompt_logprobs else prompt_logprobs
+            self._sent_prompt_logprobs = True
+        return replace(output, outputs=completions, prompt_logprobs=prompt_logprobs)

@@ -1,15 +1,77 @@
-"""How to sample a request's completions. Every field is validated: bad values raise ``ValueError`` naming it."""
+"""How to sample a request's completions. Every field is validated: bad values raise ``ValueError`` naming it.
+
+Every constructor field of vLLM 0.26's ``SamplingParams`` is accepted, so code written for vLLM runs as is; a
+value that asks for something brisk does not do (``flat_logprobs=True``, a ``thinking_token_budget``, non-empty
+``extra_args``) is a ``ValueError`` that names the field and the values it takes."""
 
 from __future__ import annotations
 
+import copy
+import enum
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from brisk.structured_outputs import StructuredOutputsParams
 
 _MAX_LOGPROBS = 20
+_MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's limit too
 _MAX_N = 128
+
+__all__ = ["RepetitionDetectionParams", "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
+
+
+class RequestOutputKind(enum.Enum):
+    """What each streamed ``RequestOutput`` holds (vLLM's names). ``LLM.generate`` returns the finished outputs
+    whatever the kind; ``LLMEngine.step()`` and ``AsyncLLM`` streams follow it."""
+
+    CUMULATIVE = 0  # everything generated so far, every time
+    DELTA = 1  # only what is new since the previous output of the request
+    FINAL_ONLY = 2  # nothing until the request finishes
+
+
+@dataclass
+class RepetitionDetectionParams:
+    """End a completion (``finish_reason="repetition"``) once its last ``pattern * min_count`` tokens are one
+    pattern of ``min_pattern_size`` to ``max_pattern_size`` tokens repeated ``min_count`` times (vLLM's
+    parameters: ``max_pattern_size=0`` turns it off; ``min_pattern_size=0`` means 1)."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = (self.max_pattern_size, self.min_pattern_size, self.min_count)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in sizes):
+            raise ValueError(f"RepetitionDetectionParams fields must be integers, got {self!r}.")
+        if self.max_pattern_size < 0 or not 0 <= self.min_pattern_size <= self.max_pattern_size:
+            raise ValueError(
+                "RepetitionDetectionParams needs 0 <= min_pattern_size <= max_pattern_size (both 0 turns detection "
+                f"off), got {self!r}."
+            )
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError(
+                "RepetitionDetectionParams.min_count must be at least 2 when max_pattern_size > 0 (or set "
+                f"max_pattern_size=0 to turn detection off), got {self!r}."
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_pattern_size > 0
+
+    def repeats(self, token_ids: list[int]) -> bool:
+        """Whether ``token_ids`` ends with some pattern of an allowed size repeated ``min_count`` times."""
+        if not self.enabled:
+            return False
+        count = self.min_count
+        for size in range(max(self.min_pattern_size, 1), self.max_pattern_size + 1):
+            span = size * count
+            if span > len(token_ids):
+                return False
+            if token_ids[-span:] == token_ids[-size:] * count:
+                return True
+        return False
 
 
 @dataclass
@@ -39,6 +101,23 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # The rest of vLLM 0.26's fields. Logprobs of these token ids at each generated position (with the chosen
+    # token's), instead of the top ``logprobs``; ``logprobs``, when set too, must equal their number.
+    logprob_token_ids: list[int] | None = None
+    flat_logprobs: bool = False  # True (vLLM's FlatLogprobs container) is refused: logprobs are a list of dicts
+    spaces_between_special_tokens: bool = True  # either value: fast tokenizers add no such spaces (as the server)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    skip_clone: bool = False  # clone() makes a shallow copy
+    # Characters of streamed text held back for stop strings (set from ``stop`` as vLLM does; brisk's
+    # detokenizer holds back what it needs itself, so this is informational).
+    output_text_buffer_length: int = 0
+    extra_args: dict[str, Any] | None = None  # for custom samplers and plugins, which brisk has none of
+    routed_experts_prompt_start: int = 0  # brisk returns no MoE routing data: any start asks for nothing
+    # True: this request reads nothing from the prefix cache. None (as False): it does, unless it asks for
+    # prompt logprobs (cached blocks carry no logits, so those requests always compute their whole prompt).
+    skip_reading_prefix_cache: bool | None = None
+    thinking_token_budget: int | None = None  # None or -1 (unlimited) only
+    repetition_detection: RepetitionDetectionParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,6 +131,18 @@ class SamplingParams:
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.bad_words = list(self.bad_words) if self.bad_words else None
+        if isinstance(self.logprob_token_ids, (list, tuple)):  # an empty list asks for nothing, as in vLLM
+            self.logprob_token_ids = list(self.logprob_token_ids) or None
+        if not isinstance(self.output_kind, RequestOutputKind):  # a name, or another library's enum member
+            name = getattr(self.output_kind, "name", self.output_kind)
+            if isinstance(name, str) and name.upper() in RequestOutputKind.__members__:
+                self.output_kind = RequestOutputKind[name.upper()]
+        if type(self.thinking_token_budget) is int and self.thinking_token_budget == -1:
+            self.thinking_token_budget = None  # vLLM's "unlimited"
+        if isinstance(self.repetition_detection, dict):
+            self.repetition_detection = RepetitionDetectionParams(**self.repetition_detection)
+        if self.stop and not self.include_stop_str_in_output:
+            self.output_text_buffer_length = self.max_stop_string_len - 1
         self._validate()
 
     def _validate(self) -> None:
@@ -148,6 +239,80 @@ class SamplingParams:
             "structured_outputs",
             "a StructuredOutputsParams",
         )
+        self._validate_vllm_fields(check, is_int)
+
+    def _validate_vllm_fields(self, check, is_int) -> None:
+        ids = self.logprob_token_ids
+        check(
+            ids is None
+            or (
+                isinstance(ids, list)
+                and len(ids) <= _MAX_LOGPROB_TOKEN_IDS
+                and all(is_int(t) and 0 <= t < 2**31 for t in ids)
+            ),
+            "logprob_token_ids",
+            f"None or a list of at most {_MAX_LOGPROB_TOKEN_IDS} token ids",
+        )
+        if ids is not None and self.logprobs is not None and self.logprobs != len(ids):
+            raise ValueError(
+                f"SamplingParams.logprob_token_ids lists {len(ids)} tokens but logprobs is {self.logprobs}: leave "
+                f"logprobs unset (or set it to {len(ids)})."
+            )
+        for name in ("flat_logprobs", "spaces_between_special_tokens", "skip_clone"):
+            check(isinstance(getattr(self, name), bool), name, "True or False")
+        check(
+            self.flat_logprobs is False,
+            "flat_logprobs",
+            "False (brisk returns logprobs as a list of {token id: Logprob} dicts, one per position)",
+        )
+        check(
+            isinstance(self.output_kind, RequestOutputKind),
+            "output_kind",
+            "a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)",
+        )
+        check(
+            is_int(self.output_text_buffer_length) and self.output_text_buffer_length >= 0,
+            "output_text_buffer_length",
+            "a non-negative integer",
+        )
+        check(
+            self.extra_args is None or self.extra_args == {},
+            "extra_args",
+            "None or empty (brisk has no custom sampling code or plugins to read them; its server refuses "
+            "vllm_xargs alike)",
+        )
+        check(
+            is_int(self.routed_experts_prompt_start) and self.routed_experts_prompt_start >= 0,
+            "routed_experts_prompt_start",
+            "a non-negative integer",
+        )
+        check(
+            self.skip_reading_prefix_cache is None or isinstance(self.skip_reading_prefix_cache, bool),
+            "skip_reading_prefix_cache",
+            "None, True or False",
+        )
+        check(
+            self.thinking_token_budget is None,
+            "thinking_token_budget",
+            "None or -1 (unlimited): brisk does not cap reasoning tokens (use max_tokens to bound the whole reply)",
+        )
+        check(
+            self.repetition_detection is None or isinstance(self.repetition_detection, RepetitionDetectionParams),
+            "repetition_detection",
+            "None or a RepetitionDetectionParams",
+        )
+
+    def clone(self) -> SamplingParams:
+        """A copy that can be changed without touching this one (shallow when ``skip_clone``, as in vLLM)."""
+        return copy.copy(self) if self.skip_clone else copy.deepcopy(self)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Logprob entries asked for at each generated position besides the chosen token's: ``logprobs``, or
+        the number of ``logprob_token_ids``; None when no sample logprobs are asked for."""
+        if self.logprob_token_ids is not None:
+            return len(self.logprob_token_ids)
+        return self.logprobs
 
     @property
     def greedy(self) -> bool:

@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -50,7 +51,7 @@ from brisk.engine import core_process
 from brisk.engine.request_stream import ACCEPTED, RequestStream, RequestTimeoutError
 from brisk.engine.tokenizer import load_tokenizer
 from brisk.outputs import RequestOutput
-from brisk.sampling_params import SamplingParams
+from brisk.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger("brisk.engine")
 
@@ -355,11 +356,14 @@ class AsyncLLM:
             self._busy_since = time.monotonic()
         streams = []
         for request_id, prompt, params in requests:
-            stream = RequestStream(request_id, self, prompt, arrival, timeout_s)
+            delta = params.output_kind is RequestOutputKind.DELTA
+            stream = RequestStream(request_id, self, prompt, arrival, timeout_s, delta=delta)
             stream._waiting_counted = stream._in_flight = True
             self._num_waiting += 1
             self._num_in_flight += 1
             self._streams[request_id] = stream
+            if delta:  # the engine process sends what changed of cumulative outputs; the stream cuts the deltas
+                params = replace(params, output_kind=RequestOutputKind.CUMULATIVE)
             self._send(("add", request_id, prompt, params, arrival))
             streams.append(stream)
         error: BaseException | None = None
@@ -382,7 +386,8 @@ class AsyncLLM:
     async def generate(
         self, prompt: str | list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """Convenience: add a request and yield its outputs; aborts it if the caller stops early."""
+        """Convenience: add a request and yield its outputs (as ``params.output_kind`` says: cumulative, only
+        what is new, or only the final one); aborts it if the caller stops early."""
         stream = await self.add_request(request_id, prompt, params)
         try:
             async for output in stream:

@@ -35,8 +35,8 @@ from brisk.executor import create_executor
 from brisk.layers.attention import ATTENTION_BACKENDS, FP8_KV_BACKENDS, default_backend
 from brisk.layers.quantization import get_quantization_config
 from brisk.layers.quantization.kv_cache import resolve_kv_cache_dtype
-from brisk.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
-from brisk.sampling_params import SamplingParams
+from brisk.outputs import CompletionOutput, DeltaOutputs, PositionLogprobs, RequestMetrics, RequestOutput
+from brisk.sampling_params import RequestOutputKind, SamplingParams
 from brisk.spec_decode.ngram_proposer import NgramProposer
 from brisk.step_timer import StepTimer
 from brisk.worker.model_runner import LaunchedStep, ModelRunnerOutput
@@ -44,6 +44,9 @@ from brisk.worker.model_runner import LaunchedStep, ModelRunnerOutput
 logger = logging.getLogger(__name__)
 
 EngineStats = SchedulerStats
+
+# A stop string completed by the token that ended a request otherwise ends it instead (as in vLLM).
+_YIELDS_TO_STOP_STRING = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_REPETITION)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class _ParentRequest:
     completions: list[_Completion]
     metrics: RequestMetrics
     stream: bool
+    deltas: DeltaOutputs | None = None  # streamed as RequestOutputKind.DELTA
 
 
 class LLMEngine:
@@ -333,8 +337,11 @@ class LLMEngine:
         stream: bool = True,
     ) -> None:
         """Queue a request. With ``stream=False`` its output is returned only once, when it finishes, and text
-        is decoded once at the end unless stop strings need watching (cheaper for offline batches)."""
+        is decoded once at the end unless stop strings need watching (cheaper for offline batches). Streamed,
+        each step's output follows ``params.output_kind``: cumulative, only what is new (``DELTA``), or, with
+        ``FINAL_ONLY``, as ``stream=False``."""
         params = params or SamplingParams()
+        stream = stream and params.output_kind is not RequestOutputKind.FINAL_ONLY
         child_ids = [request_id] if params.n == 1 else [f"{index}_{request_id}" for index in range(params.n)]
         taken = sorted(i for i in {request_id, *child_ids} if i in self._parents or i in self._child_to_parent)
         if taken:  # the n sequences of a request are named "{index}_{request_id}": those names are taken too
@@ -342,6 +349,7 @@ class LLMEngine:
         text, token_ids = self.tokenize(prompt)
         self._validate_prompt(token_ids)
         self._validate_token_ids(params.stop_token_ids, "stop_token_ids")
+        self._validate_token_ids(params.logprob_token_ids or [], "logprob_token_ids")
         self.constraints.check(params)
         arrival_time = arrival_time if arrival_time is not None else time.time()
         completions = []
@@ -366,8 +374,9 @@ class LLMEngine:
             completions.append(_Completion(request, detok))
         for index, completion in enumerate(completions):  # registered once every child is built
             self._child_to_parent[completion.request.request_id] = (request_id, index)
+        deltas = DeltaOutputs() if stream and params.output_kind is RequestOutputKind.DELTA else None
         self._parents[request_id] = _ParentRequest(
-            request_id, text, token_ids, completions, RequestMetrics(arrival_time), stream
+            request_id, text, token_ids, completions, RequestMetrics(arrival_time), stream, deltas
         )
         requests = [completion.request for completion in completions]
         if not self.constraints.hold(params, requests):  # held: a grammar compiles first
@@ -460,7 +469,7 @@ class LLMEngine:
                 parent_id, index = self._child_to_parent[request.request_id]
                 parents[parent_id] = self._parents[parent_id]
                 parents[parent_id].completions[index].finish_reason = "abort"
-        return [self._make_output(parent, time.time()) for parent in parents.values()]
+        return [self._emit(parent, time.time()) for parent in parents.values()]
 
     def _speculating(self) -> bool:
         """Whether the next step gets drafts: speculation is on and the batch is small enough for it to pay
@@ -546,7 +555,7 @@ class LLMEngine:
                     if not request.is_finished:
                         request.stop_reason = stop
                         stopped_by_string.append(request.request_id)
-                    elif truncated or request.status == RequestStatus.FINISHED_LENGTH:
+                    elif truncated or request.status in _YIELDS_TO_STOP_STRING:
                         # The text ends at the stop string before whatever else would have ended it.
                         request.stop_reason = stop
                         request.status = RequestStatus.FINISHED_STOPPED
@@ -563,7 +572,7 @@ class LLMEngine:
                     if completion.detokenizer is not None and not isinstance(completion.request.stop_reason, str):
                         completion.detokenizer.flush()
             if parent.stream or all(c.finish_reason is not None for c in parent.completions):
-                outputs.append(self._make_output(parent, now))
+                outputs.append(self._emit(parent, now))
         timer.mark("outputs")
         if self.step_timeline.enabled:
             self.step_timeline.record(schedule, apply_started, len(self.scheduler.running), len(self.scheduler.waiting))
@@ -582,6 +591,11 @@ class LLMEngine:
             chosen.append(result.chosen_logprobs[row])
         request.logprobs.extend(entries[:num_new])
         request.cumulative_logprob += sum(chosen[:num_new])
+
+    def _emit(self, parent: _ParentRequest, now: float) -> RequestOutput:
+        """The parent's output as its stream wants it: cumulative, or what is new (``DELTA``)."""
+        output = self._make_output(parent, now)
+        return output if parent.deltas is None else parent.deltas.delta(output)
 
     def _make_output(self, parent: _ParentRequest, now: float) -> RequestOutput:
         finished = all(c.finish_reason is not None for c in parent.completions)
@@ -632,7 +646,7 @@ class LLMEngine:
             index=index,
             text=text,
             token_ids=list(request.output_token_ids),
-            cumulative_logprob=request.cumulative_logprob if params.logprobs is not None else None,
+            cumulative_logprob=request.cumulative_logprob if params.num_logprobs is not None else None,
             logprobs=self._decorate(request.logprobs),
             finish_reason=completion.finish_reason,
             stop_reason=request.stop_reason,

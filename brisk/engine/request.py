@@ -21,6 +21,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
+    FINISHED_REPETITION = enum.auto()  # SamplingParams.repetition_detection found a repeated pattern
 
     @property
     def finished(self) -> bool:
@@ -32,6 +33,7 @@ class RequestStatus(enum.IntEnum):
             RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_LENGTH: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_REPETITION: "repetition",
         }.get(self)
 
 
@@ -69,7 +71,7 @@ class Request:
         self.num_cached_tokens = -1  # prefix-cache hit of the first admission; -1 until admitted
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
-        self.logprobs: list[PositionLogprobs] | None = [] if sampling_params.logprobs is not None else None
+        self.logprobs: list[PositionLogprobs] | None = [] if sampling_params.num_logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.prompt_logprobs: list[PositionLogprobs | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None

@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from brisk.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from brisk.outputs import CompletionOutput, DeltaOutputs, RequestMetrics, RequestOutput
 
 if TYPE_CHECKING:
     from brisk.engine.async_engine import AsyncLLM
@@ -27,8 +27,10 @@ class RequestStream:
     """The outputs of one request, as an async iterator of cumulative :class:`RequestOutput`s.
 
     Outputs are cumulative, so when the consumer falls behind only the newest one matters: the iterator skips
-    to the latest output available. Leaving the iteration early (break, cancellation, error) should be
-    followed by :meth:`abort` (``async with`` does it).
+    to the latest output available. With ``delta`` (``RequestOutputKind.DELTA``) each output holds only what
+    is new since the previous one the consumer got (so skipping merges deltas). ``FINAL_ONLY`` needs nothing
+    here: the engine sends only the final output. Leaving the iteration early (break, cancellation, error)
+    should be followed by :meth:`abort` (``async with`` does it).
     """
 
     def __init__(
@@ -38,8 +40,10 @@ class RequestStream:
         prompt: Any = None,
         arrival_time: float | None = None,
         timeout_s: float | None = None,
+        delta: bool = False,
     ):
         self.request_id = request_id
+        self._deltas = DeltaOutputs() if delta else None
         self.timeout_s = timeout_s
         # time.monotonic() by which the request must have ended, or None
         self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -145,7 +149,7 @@ class RequestStream:
             raise item
         if item.finished:
             self.finished = True
-        return item
+        return item if self._deltas is None else self._deltas.delta(item)
 
     def abort(self) -> None:
         if not self.finished:

@@ -157,7 +157,11 @@ class Scheduler:
                     break
                 hits, num_hit_tokens = [], 0
                 # A request still owed prompt logprobs computes its whole prompt: cached blocks carry no logits.
-                lookup = request.num_computed_tokens == 0 and not request.needs_prompt_logprobs
+                lookup = (
+                    request.num_computed_tokens == 0
+                    and not request.needs_prompt_logprobs
+                    and not request.sampling_params.skip_reading_prefix_cache
+                )
                 if lookup:
                     hits, num_hit_tokens = self.kv.get_computed_blocks(request)
                 num_new = min(request.num_tokens - request.num_computed_tokens - num_hit_tokens, budget)
@@ -274,6 +278,10 @@ class Scheduler:
             request.all_token_ids
         ) >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
+        detection = params.repetition_detection
+        if detection is not None and num_output >= params.min_tokens and detection.repeats(request.output_token_ids):
+            request.stop_reason = "repetition_detected"
+            return RequestStatus.FINISHED_REPETITION
         return None
 
     def get_stats(self) -> SchedulerStats:

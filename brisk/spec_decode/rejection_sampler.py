@@ -182,7 +182,7 @@ class RejectionSampler:
         num_requests = len(token_ids)
         logprobs: list[list[PositionLogprobs] | None] = [None] * num_requests
         chosen: list[list[float] | None] = [None] * num_requests
-        wanted = [i for i in range(num_requests) if positions[starts[i]].sampling_params.logprobs is not None]
+        wanted = [i for i in range(num_requests) if positions[starts[i]].sampling_params.num_logprobs is not None]
         if not wanted:
             return logprobs, chosen
         rows = [starts[i] + j for i in wanted for j in range(len(token_ids[i]))]

@@ -122,7 +122,7 @@ def _fusable(params: SamplingParams, generator: torch.Generator | None) -> bool:
         and params.min_p == 0.0
         and not params.has_logits_processors
         and params.min_tokens == 0
-        and params.logprobs is None
+        and params.num_logprobs is None
     )
 
 
@@ -154,7 +154,7 @@ class Sampler:
         if self.fused is not None and all(_fusable(r.sampling_params, r.generator) for r in requests):
             return self._sample_fused(logits, requests)
         logits = logits.float()
-        want_logprobs = [r.sampling_params.logprobs is not None for r in requests]
+        want_logprobs = [r.sampling_params.num_logprobs is not None for r in requests]
         raw_logprobs = logits.log_softmax(dim=-1) if any(want_logprobs) else None
         if any(r.sampling_params.has_penalties for r in requests):
             _apply_penalties(logits, requests)
@@ -240,18 +240,20 @@ class Sampler:
 
     @staticmethod
     def _gather_logprobs(raw: torch.Tensor, chosen_ids: torch.Tensor, requests: list[Request], rows: list[int]):
-        k_max = max(requests[r].sampling_params.logprobs for r in rows)
+        """Each row's chosen token with the top ``logprobs`` alternatives, or with its ``logprob_token_ids``."""
+        params = [requests[r].sampling_params for r in rows]
+        top_k = [0 if p.logprob_token_ids else p.logprobs for p in params]
+        k_max = max(top_k)
         chosen_lp = raw.gather(-1, chosen_ids[:, None]).squeeze(-1)
         ranks = (raw > chosen_lp[:, None]).sum(dim=-1) + 1
         top_values, top_ids = raw.topk(k_max, dim=-1) if k_max > 0 else (raw[:, :0], chosen_ids[:, None][:, :0])
-        return _to_position_logprobs(
-            chosen_ids.tolist(),
-            chosen_lp.tolist(),
-            ranks.tolist(),
-            top_ids.tolist(),
-            top_values.tolist(),
-            [requests[r].sampling_params.logprobs for r in rows],
-        ), chosen_lp.tolist()
+        positions = _to_position_logprobs(
+            chosen_ids.tolist(), chosen_lp.tolist(), ranks.tolist(), top_ids.tolist(), top_values.tolist(), top_k
+        )
+        listed = [i for i, p in enumerate(params) if p.logprob_token_ids]
+        if listed:
+            _add_listed_logprobs(positions, raw, listed, [params[i].logprob_token_ids for i in listed])
+        return positions, chosen_lp.tolist()
 
 
 def _to_position_logprobs(chosen_ids, chosen_lps, ranks, top_ids, top_values, ks) -> list[PositionLogprobs]:
@@ -262,6 +264,25 @@ def _to_position_logprobs(chosen_ids, chosen_lps, ranks, top_ids, top_values, ks
             position.setdefault(tid, Logprob(value, r))
         result.append(position)
     return result
+
+
+def _add_listed_logprobs(
+    positions: list[PositionLogprobs], raw: torch.Tensor, rows: list[int], token_ids: list[list[int]]
+) -> None:
+    """Add to ``positions[row]`` the logprob and rank of each id of ``token_ids`` (one list per row of ``rows``).
+    Ranks are those in the whole vocabulary, as the chosen token's (vLLM numbers listed tokens 1..n instead)."""
+    width = max(map(len, token_ids))
+    padded = [ids + ids[-1:] * (width - len(ids)) for ids in token_ids]
+    sub = raw[to_device_async(rows, torch.int64, raw.device)]
+    ids = to_device_async(padded, torch.int64, raw.device)
+    values = sub.gather(-1, ids)
+    # rank = 1 + how many tokens are more likely: the vocabulary less those at most as likely (a sorted search)
+    at_most = torch.searchsorted(sub.sort(dim=-1).values, values, right=True)
+    ranks = sub.shape[-1] - at_most + 1
+    for row, row_ids, row_values, row_ranks in zip(rows, token_ids, values.tolist(), ranks.tolist()):
+        position = positions[row]
+        for token, value, rank in zip(row_ids, row_values, row_ranks):
+            position.setdefault(token, Logprob(value, rank))
 
 
 def prompt_position_logprobs(logprobs: torch.Tensor, targets: list[int], k: int) -> list[PositionLogprobs]:
