@@ -109,7 +109,11 @@ def main() -> None:
         phases.labels = {id(runner.graphs): "target decode", id(runner.verify_graphs): "target verify"}
         drafter = getattr(runner, "drafter", None)
         if drafter is not None:
-            phases.labels |= {id(drafter.graphs): "draft pass", id(drafter.mirror_graphs): "draft mirror"}
+            phases.labels |= {
+                id(drafter.first_pass_graphs): "draft first pass",
+                id(drafter.graphs): "draft pass",
+                id(drafter.mirror_graphs): "draft mirror",
+            }
         llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)  # warm-up
         engine = llm.engine
         original_step = type(engine).step

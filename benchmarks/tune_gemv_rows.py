@@ -4,7 +4,12 @@ kernels) through each at every row count: the row counts where the GEMV's stack 
 ``brisk.layers.fused.GEMV_MAX_ROWS`` should cover.
 
     python benchmarks/tune_gemv_rows.py [--rows 2,4,8,16,32] [--sweep-rows 4,16] [--layers 32] [--top 4]
-        [--fp8-rows 8,16] [--int8-rows 8]
+        [--fp8-rows 8,16] [--int8-rows 8] [--shape llama-3.1-8b-shape]
+
+``--shape``: the projections of another named shape (``brisk/bench/configs.py``), e.g. the speculative pair's
+``qwen2.5-coder-1.5b-shape`` and ``qwen2.5-coder-0.5b-shape``, whose verification and draft passes run this GEMV at
+``1 + k`` and 2 rows. Their projections are a few dozen tiles of 64 outputs (the 0.5B's o_proj 14), far fewer
+programs than the GPU has multiprocessors; the sweep includes tiles of 16 outputs.
 
 ``--fp8-rows``: each projection with FP8 weights (``quantization="fp8"``'s layout) through the weight-only FP8
 GEMV, beside the bf16 GEMV and the ``torch._scaled_mm`` path that larger batches take (inputs quantized per
@@ -21,8 +26,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from tune_gemv import HIDDEN, PROJECTIONS, graph_ms
+import tune_gemv
+from tune_gemv import graph_ms
 
+from brisk.bench.configs import NAMED_CONFIGS
 from brisk.layers import triton_gemv_rows, triton_ops
 from brisk.layers.quantization.compressed_tensors.int8 import quantize_int8_per_row
 from brisk.layers.quantization.fp8_utils import quantize_fp8_per_row
@@ -32,11 +39,26 @@ from brisk.layers.triton_gemv_rows import GemvRowsConfig
 DEFAULT_CONFIG = triton_gemv_rows.gemv_rows_config
 SWEEP = [  # tiles whose pipelined loads fit in 160 KB of shared memory
     GemvRowsConfig(block_n, block_k, warps, stages)
-    for block_n, block_k, warps, stages in itertools.product((32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5))
+    for block_n, block_k, warps, stages in itertools.product((16, 32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5))
     if (block_n + 16) * block_k * 2 * stages <= 160 * 1024 and (warps == 4 or block_n == 128)
 ]
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 FP8_CONFIGS = [GemvRowsConfig(*c) for c in ((64, 256, 4, 4), (32, 512, 4, 4), (16, 512, 4, 4), (32, 256, 2, 4))]
+
+
+def use_shape(config: dict) -> None:
+    """Time the projections of the HF ``config`` (tune_gemv's table, which its functions read)."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    qkv = (heads + 2 * config.get("num_key_value_heads", heads)) * head_dim
+    tune_gemv.HIDDEN = hidden
+    tune_gemv.PROJECTIONS = {
+        "qkv_proj": (qkv, hidden),
+        "o_proj": (hidden, heads * head_dim),
+        "gate_up_proj": (2 * config["intermediate_size"], hidden),
+        "down_proj": (hidden, config["intermediate_size"]),
+        "lm_head": (config["vocab_size"], hidden),
+    }
 
 
 def use(config: GemvRowsConfig | None) -> None:
@@ -44,7 +66,7 @@ def use(config: GemvRowsConfig | None) -> None:
 
 
 def sweep_projection(name: str, rows: int, layers: int, top: int) -> None:
-    n, k = PROJECTIONS[name]
+    n, k = tune_gemv.PROJECTIONS[name]
     copies = max(2, min(layers, int(4e9 // (n * k * 2))))
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
     x = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
@@ -73,7 +95,7 @@ def fp8_projection(name: str, rows: int, layers: int, fmt: str = "fp8") -> None:
     """One projection at ``rows`` rows: bf16 weights through the GEMV; FP8 (or INT8) weights through the
     weight-only 8-bit GEMV and through per-token input quantization plus ``torch._scaled_mm`` (FP8's GEMM, beside
     INT8 too as the yardstick)."""
-    n, k = PROJECTIONS[name]
+    n, k = tune_gemv.PROJECTIONS[name]
     copies = max(2, min(layers, int(4e9 // (n * k * 2))))
     weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
     fp8 = [quantize_fp8_per_row(w) for w in weights]
@@ -111,11 +133,12 @@ def layer_stack(rows: int, layers: int) -> None:
     kernels, through cuBLAS and through the GEMV."""
     dev, bf16 = "cuda", torch.bfloat16
     stack = [
-        {name: 0.02 * torch.randn(*PROJECTIONS[name], dtype=bf16, device=dev) for name in LAYER_PROJECTIONS}
+        {name: 0.02 * torch.randn(*tune_gemv.PROJECTIONS[name], dtype=bf16, device=dev) for name in LAYER_PROJECTIONS}
         for _ in range(layers)
     ]
-    norm_w = torch.ones(HIDDEN, dtype=bf16, device=dev)
-    x0 = torch.randn(rows, HIDDEN, dtype=bf16, device=dev)
+    hidden_size = tune_gemv.HIDDEN
+    norm_w = torch.ones(hidden_size, dtype=bf16, device=dev)
+    x0 = torch.randn(rows, hidden_size, dtype=bf16, device=dev)
     gbytes = sum(w.numel() * 2 for layer in stack for w in layer.values()) / 1e9
 
     def run(linear: Callable) -> torch.Tensor:
@@ -123,7 +146,7 @@ def layer_stack(rows: int, layers: int) -> None:
         for w in stack:
             normed, residual = triton_ops.rms_norm(hidden, norm_w, 1e-5, residual) if residual is not None else (
                 triton_ops.rms_norm(hidden, norm_w, 1e-5), hidden)  # fmt: skip
-            attn = linear(normed, w["qkv_proj"], None)[:, :HIDDEN].contiguous()  # attention is not timed here
+            attn = linear(normed, w["qkv_proj"], None)[:, :hidden_size].contiguous()  # attention is not timed here
             hidden = linear(attn, w["o_proj"], None)
             normed, residual = triton_ops.rms_norm(hidden, norm_w, 1e-5, residual)
             hidden = linear(triton_ops.silu_and_mul(linear(normed, w["gate_up_proj"], None)), w["down_proj"], None)
@@ -145,7 +168,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=4)
     parser.add_argument("--fp8-rows", default="", help="row counts of the FP8 comparison (e.g. 8,16; empty: none)")
     parser.add_argument("--int8-rows", default="", help="row counts of the same comparison with INT8 weights")
+    parser.add_argument("--shape", default="llama-3.1-8b-shape", choices=sorted(NAMED_CONFIGS),
+                        help="whose projections to time")  # fmt: skip
     args = parser.parse_args()
+    use_shape(NAMED_CONFIGS[args.shape])
     for fmt, counts in (("fp8", args.fp8_rows), ("int8", args.int8_rows)):
         for rows in [int(r) for r in counts.split(",") if r]:
             for name in LAYER_PROJECTIONS:
