@@ -142,3 +142,23 @@ def test_prompt_from_stdin_needs_a_prompt(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert_one_line_error(err)
     assert "empty" in err
+
+
+def test_sampling_flags_left_out_take_the_models_defaults(capsys, tiny_llama, tmp_path):
+    """In-process on the tiny Llama: its generation_config.json recommends top_k 1 (greedy), which sampling flags
+    left out take, so two seeds give the same tokens; ``--generation-config vllm`` falls back to the CLI's defaults
+    (temperature 0.7, top-p 0.9) and a flag given beats the file, so the seeds then part."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_k": 1}))
+
+    def tokens(seed: int, *flags: str) -> list[int]:
+        argv = ["generate", "The quick brown fox", "--model", str(folder), "--raw", "--json", "--max-tokens", "12"]
+        assert main([*argv, "--ignore-eos", "--seed", str(seed), *flags]) == 0
+        return json.loads(capsys.readouterr().out)["token_ids"]
+
+    assert tokens(1) == tokens(2)
+    assert tokens(1, "--generation-config", "vllm") != tokens(2, "--generation-config", "vllm")
+    assert tokens(1, "--top-k", "0") != tokens(2, "--top-k", "0")

@@ -80,14 +80,14 @@ def _fit_prompt(engine, conversation: Conversation, params) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Every flag is checked before anything loads.
-    params = common.sampling_params_from_args(args)
+    common.sampling_params_from_args(args)  # every flag is checked before anything loads
     engine_args = common.engine_args_from_args(args)
     common.quiet_startup(args.verbose)
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if interactive:
         print(f"loading {args.model} ...", file=sys.stderr, flush=True)
     engine = common.build_engine(engine_args)
+    params = common.sampling_params_from_args(args, engine.default_sampling_fields)  # the model's defaults
     # Fail now, not at the first turn, when the model cannot chat (or not with this system message).
     conversation = Conversation(args.system)
     common.chat_prompt_ids(engine, [*conversation.messages(), {"role": "user", "content": "hi"}], _NO_TEMPLATE)

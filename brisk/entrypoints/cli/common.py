@@ -25,6 +25,14 @@ from brisk.loader.resolve import DEFAULT_MODEL
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_TOP_P = 0.9
+# The sampling flags' values when neither the flag nor the model's generation_config.json sets them.
+CLI_SAMPLING_DEFAULTS = {
+    "temperature": DEFAULT_TEMPERATURE,
+    "top_p": DEFAULT_TOP_P,
+    "top_k": 0,
+    "repetition_penalty": 1.0,
+}
+MODEL_DEFAULT = "the model's generation_config.json, else"
 
 # SamplingParams field -> the flag that sets it, so a bad value is reported in the user's terms.
 SAMPLING_FLAGS = {
@@ -92,15 +100,23 @@ def add_model_and_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         "--temperature",
         "-t",
         type=float,
-        default=DEFAULT_TEMPERATURE,
-        help=f"Sampling temperature; 0 = greedy (default: {DEFAULT_TEMPERATURE}).",
+        default=None,
+        help=f"Sampling temperature; 0 = greedy (default: {MODEL_DEFAULT} {DEFAULT_TEMPERATURE}).",
     )
     g.add_argument(
-        "--top-p", type=float, default=DEFAULT_TOP_P, help=f"Nucleus sampling mass (default: {DEFAULT_TOP_P})."
+        "--top-p", type=float, default=None, help=f"Nucleus sampling mass (default: {MODEL_DEFAULT} {DEFAULT_TOP_P})."
     )
-    g.add_argument("--top-k", type=int, default=0, help="Sample from the k most likely tokens only (default: 0, off).")
     g.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="Penalize tokens already seen (default: 1.0, off)."
+        "--top-k",
+        type=int,
+        default=None,
+        help=f"Sample from the k most likely tokens only (default: {MODEL_DEFAULT} 0, off).",
+    )
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help=f"Penalize tokens already seen (default: {MODEL_DEFAULT} 1.0, off).",
     )
     g.add_argument(
         "--stop", action="append", default=None, metavar="TEXT", help="Stop at this text (repeatable; not shown)."
@@ -134,6 +150,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="fp8 (quantize the weights while loading), or the checkpoint's format (default: its quantization_config).",
     )
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8 (default: auto).")
+    g.add_argument(
+        "--generation-config",
+        default="auto",
+        help="Where sampling flags left out take their values: auto (the model's generation_config.json), vllm "
+        "(the CLI's defaults) or a folder holding a generation_config.json (default: auto).",
+    )
     g.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: one per core).")
     add_speculative_arguments(g)
     add_parallel_arguments(g)
@@ -145,20 +167,20 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def sampling_params_from_args(args: argparse.Namespace):
-    """``SamplingParams`` from the flags; a bad value raises ValueError naming the flag (before any loading)."""
+def sampling_params_from_args(args: argparse.Namespace, model_defaults: dict | None = None):
+    """``SamplingParams`` from the flags; a bad value raises ValueError naming the flag (checked before loading,
+    with no ``model_defaults``). A sampling flag left out takes the model's recommended value
+    (``model_defaults``: the engine's ``default_sampling_fields``, from its ``generation_config.json`` as vLLM
+    reads it; ``--generation-config vllm`` leaves none), else the CLI's default; ``--max-tokens`` keeps its own
+    default, which suits a terminal."""
+    from brisk.engine.generation_defaults import SAMPLING_FIELDS
     from brisk.sampling_params import SamplingParams, error_field
 
+    fields = {**CLI_SAMPLING_DEFAULTS, **{k: v for k, v in (model_defaults or {}).items() if k in SAMPLING_FIELDS}}
+    fields |= {name: getattr(args, name) for name in CLI_SAMPLING_DEFAULTS if getattr(args, name) is not None}
     try:
         return SamplingParams(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            repetition_penalty=args.repetition_penalty,
-            stop=args.stop,
-            seed=args.seed,
-            ignore_eos=args.ignore_eos,
+            max_tokens=args.max_tokens, stop=args.stop, seed=args.seed, ignore_eos=args.ignore_eos, **fields
         )
     except ValueError as exc:
         field, rest = error_field(str(exc))
@@ -249,6 +271,7 @@ def engine_args_from_args(args: argparse.Namespace):
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         cpu_threads=args.threads,
+        generation_config=args.generation_config,
     )
     engine_args.validate()
     return engine_args

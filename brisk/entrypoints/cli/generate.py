@@ -55,8 +55,7 @@ def read_prompt(prompt: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Every flag is checked before anything loads.
-    params = common.sampling_params_from_args(args)
+    common.sampling_params_from_args(args)  # every flag is checked before anything loads
     engine_args = common.engine_args_from_args(args)
     if engine_args.node_rank > 0:  # another machine's ranks: the prompt is node 0's
         from brisk.executor.worker_node import run_worker_node
@@ -69,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_start = time.perf_counter()
     engine = common.build_engine(engine_args)
+    params = common.sampling_params_from_args(args, engine.default_sampling_fields)  # the model's defaults
     load_s = time.perf_counter() - load_start
 
     if args.raw:
