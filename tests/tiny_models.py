@@ -96,3 +96,27 @@ def make_tiny_model(folder: Path, arch: str = "llama", seed: int = 0, num_kv_hea
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+REMOTE_CONFIG_CODE = '''from transformers import LlamaConfig
+
+
+class ShortLlamaConfig(LlamaConfig):
+    model_type = "shortllama"
+'''
+
+
+def make_remote_code_copy(model: str | Path, folder: Path, comment: str = "") -> Path:
+    """A copy of the Llama folder ``model`` whose config class is its own Python (``auto_map``), which
+    transformers runs only with ``trust_remote_code``; another ``comment`` in the code makes transformers import
+    it as another module."""
+    import json
+    import shutil
+
+    shutil.copytree(model, folder)
+    (folder / "configuration_shortllama.py").write_text(REMOTE_CONFIG_CODE + (f"# {comment}\n" if comment else ""))
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "shortllama"
+    config["auto_map"] = {"AutoConfig": "configuration_shortllama.ShortLlamaConfig"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -185,9 +185,10 @@ class MultiprocExecutor:
             others = [rank for rank in range(self.world_size) if rank not in local]
             if ray_ranks is not None:
                 ray_ranks.start(spec, accept_at)
+            check = ray_ranks.check_started if ray_ranks is not None else None
             try:
-                remote = accept_remote_workers(*accept_at, others, self.timeout_s)
-            except TimeoutError as exc:
+                remote = accept_remote_workers(*accept_at, others, self.timeout_s, check)
+            except (TimeoutError, RuntimeError) as exc:
                 self._fail(str(exc))
             self._conns.extend(remote[rank] for rank in others)
         for rank in range(self.world_size):

@@ -13,6 +13,7 @@ import os
 import pickle
 import socket
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -27,17 +28,25 @@ def local_ranks(world_size: int, nnodes: int, node_rank: int) -> range:
     return range(node_rank * per_node, (node_rank + 1) * per_node)
 
 
-def accept_remote_workers(addr: str, port: int, ranks: list[int], timeout_s: float) -> dict[int, Connection]:
-    """Node 0: wait for one connection from each of the other nodes' ranks (each says which rank it is)."""
+def accept_remote_workers(
+    addr: str, port: int, ranks: list[int], timeout_s: float, check: Callable[[], None] | None = None
+) -> dict[int, Connection]:
+    """Node 0: wait for one connection from each of the other nodes' ranks (each says which rank it is).
+    ``check`` runs about once a second while waiting and raises when a rank is known to have failed already (a
+    Ray actor whose start raised), so that start-up fails then rather than at the timeout."""
     conns: dict[int, Connection] = {}
     deadline = time.monotonic() + timeout_s
     with socket.create_server((addr, port)) as server:
         while len(conns) < len(ranks):
             remaining = deadline - time.monotonic()
-            server.settimeout(max(remaining, 0.001))
+            server.settimeout(max(min(remaining, 1.0) if check is not None else remaining, 0.001))
             try:
                 sock, _ = server.accept()
             except TimeoutError:
+                if check is not None:
+                    check()
+                    if deadline > time.monotonic():
+                        continue
                 missing = ", ".join(str(r) for r in ranks if r not in conns)
                 raise TimeoutError(
                     f"worker ranks {missing} did not connect to {addr}:{port} within {timeout_s:.0f} s: start "

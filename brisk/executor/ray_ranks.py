@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 
 from brisk.executor.worker_process import WorkerSpec, worker_main
 
@@ -60,10 +61,26 @@ class RayRanks:
 
     def start(self, spec: WorkerSpec, driver_address: tuple[str, int]) -> None:
         """Every actor becomes its rank (one GPU each: Ray shows it to the actor as device 0)."""
+        _pickle_remote_code_by_value()
         for rank, actor in enumerate(self.actors):
             rank_spec = dataclasses.replace(spec, rank=rank, local_rank=0, watch_parent=False)
             rank_spec.init_method, rank_spec.driver_address = self.rendezvous, driver_address
             self._runs.append(actor.run.remote(rank_spec))
+
+    def check_started(self) -> None:
+        """Raise when a rank has already ended: a rank runs until shutdown, so one that ended while the engine
+        waits for the ranks to connect failed to start (its arguments did not unpickle, its process died)."""
+        import ray
+
+        ended, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+        for rank, run in enumerate(self._runs):
+            if run in ended:
+                try:
+                    ray.get(run)
+                except Exception as exc:  # the rank's own error, with its traceback's last line
+                    lines = str(exc).strip().splitlines()
+                    raise RuntimeError(f"Ray rank {rank} failed to start: {lines[-1] if lines else exc!r}") from None
+                raise RuntimeError(f"Ray rank {rank} ended before it connected to the engine")
 
     def stop(self) -> None:
         import ray
@@ -71,3 +88,14 @@ class RayRanks:
         for actor in self.actors:
             ray.kill(actor)
         ray.util.remove_placement_group(self.placement_group)
+
+
+def _pickle_remote_code_by_value() -> None:
+    """Send the classes of a model folder's own Python (``trust_remote_code``: transformers imports them as
+    ``transformers_modules.*`` from a cache of this machine) to the ranks by value: the ranks' processes, on
+    other machines too, cannot import them, so unpickling the model config failed there."""
+    from ray import cloudpickle
+
+    for name, module in list(sys.modules.items()):  # transformers registers the leaf modules alone
+        if name.startswith("transformers_modules.") and module is not None:
+            cloudpickle.register_pickle_by_value(module)

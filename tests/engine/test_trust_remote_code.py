@@ -3,34 +3,18 @@ when asked, through transformers, and then runs as brisk's implementation of its
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 from brisk import LLM, SamplingParams
 from brisk.entrypoints.cli.common import engine_args_from_args
 from brisk.entrypoints.cli.main import build_parser
 from brisk.entrypoints.cli.serve import build_configs
-
-CONFIG_CODE = '''from transformers import LlamaConfig
-
-
-class ShortLlamaConfig(LlamaConfig):
-    model_type = "shortllama"
-'''
+from tests.tiny_models import make_remote_code_copy
 
 
 @pytest.fixture(scope="module")
 def remote_code_folder(tiny_llama, tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("remote-code") / "shortllama"
-    shutil.copytree(tiny_llama, folder)
-    (folder / "configuration_shortllama.py").write_text(CONFIG_CODE)
-    config = json.loads((folder / "config.json").read_text())
-    config["model_type"] = "shortllama"
-    config["auto_map"] = {"AutoConfig": "configuration_shortllama.ShortLlamaConfig"}
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
+    return str(make_remote_code_copy(tiny_llama, tmp_path_factory.mktemp("remote-code") / "shortllama"))
 
 
 def test_a_config_class_of_its_own_needs_trust_remote_code(remote_code_folder):
