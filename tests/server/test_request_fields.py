@@ -160,7 +160,62 @@ def response_id(expected: str) -> Check:
     return check
 
 
+def listed_logprobs(ctx: Ctx) -> None:
+    """logprob_token_ids: each position's alternatives are the listed tokens and the chosen one, with the logprobs
+    a top-5 request (the reference) gives them wherever it has them."""
+    body = {**BASE[C], "logprobs": 5, "return_tokens_as_token_ids": True}
+    ref = ctx.http.post(C, json=body).json()["choices"][0]["logprobs"]
+    got = ctx.json()["choices"][0]["logprobs"]
+    assert got["tokens"] == ref["tokens"] and got["token_logprobs"] == pytest.approx(ref["token_logprobs"], abs=1e-4)
+    for token, tops, ref_tops in zip(got["tokens"], got["top_logprobs"], ref["top_logprobs"], strict=True):
+        assert set(tops) == {f"token_id:{t}" for t in LISTED} | {token}, tops
+        for name, value in tops.items():
+            if name in ref_tops:
+                assert value == pytest.approx(ref_tops[name], abs=1e-4), (name, tops, ref_tops)
+
+
+def listed_chat_logprobs(ctx: Ctx) -> None:
+    for t in ctx.json()["choices"][0]["logprobs"]["content"]:
+        assert {a["token"] for a in t["top_logprobs"]} == {f"token_id:{i}" for i in LISTED} | {t["token"]}, t
+
+
+def repetition(ctx: Ctx) -> None:
+    choice = ctx.json()["choices"][0]
+    assert choice["finish_reason"] == "repetition" and ctx.json()["usage"]["completion_tokens"] == 3, ctx.json()
+
+
+def token_ids_returned(ctx: Ctx) -> None:
+    body, choice = ctx.json(), ctx.json()["choices"][0]
+    prompt_ids = body["prompt_token_ids"] if ctx.path == CHAT else choice["prompt_token_ids"]
+    assert len(prompt_ids) == body["usage"]["prompt_tokens"] and len(choice["token_ids"]) == 4
+    assert ctx.detokenize(choice["token_ids"]) == ctx.text()
+    if ctx.path == C:
+        tokenized = ctx.http.post("/tokenize", json={"model": MODEL_NAME, "prompt": BASE[C]["prompt"]}).json()
+        assert prompt_ids == tokenized["tokens"]
+
+
+def streamed_token_ids(ctx: Ctx) -> None:
+    whole = ctx.http.post(ctx.path, json={**BASE[ctx.path], "return_token_ids": True}).json()
+    events = ctx.events()
+    if ctx.path == CHAT:
+        prompt = [e.get("prompt_token_ids") for e in events]
+        assert prompt[0] == whole["prompt_token_ids"] and not any(prompt[1:])
+    else:
+        prompt = [c["prompt_token_ids"] for e in events for c in e["choices"]]
+        assert prompt[0] == whole["choices"][0]["prompt_token_ids"] and not any(prompt[1:])
+    ids = [t for e in events for c in e["choices"] for t in c.get("token_ids") or []]
+    assert ids == whole["choices"][0]["token_ids"]
+
+
+def prompt_ids_are(expected: list[int]) -> Check:
+    def check(ctx: Ctx) -> None:
+        assert ctx.json()["choices"][0]["prompt_token_ids"] == expected
+
+    return check
+
+
 BAD = "400"
+LISTED = [TOKEN, 66, 67]
 CONTINUE = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Well"}]
 JSON_CHOICE = {"type": "json_schema", "json_schema": {"name": "c", "schema": {"enum": ["yes", "no"]}}}
 NAMED_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
@@ -237,7 +292,52 @@ CASES: dict[str, list[tuple[str, dict, Check | str]]] = {
     "store": [(CHAT, {"store": False}, same_as_baseline), (CHAT, {"store": True}, BAD)],
     "service_tier": [(C, {"service_tier": "auto"}, same_as_baseline), (C, {"service_tier": "flex"}, BAD)],
     "priority": [(C, {"priority": 0}, same_as_baseline), (C, {"priority": 5}, BAD)],
+    "logprob_token_ids": [
+        (C, {"logprobs": 1, "logprob_token_ids": LISTED, "return_tokens_as_token_ids": True}, listed_logprobs),
+        (CHAT, {"logprobs": True, "logprob_token_ids": LISTED, "return_tokens_as_token_ids": True},
+         listed_chat_logprobs),
+        (C, {"logprob_token_ids": LISTED}, BAD),  # needs logprobs
+        (C, {"logprobs": 1, "logprob_token_ids": [10**9]}, BAD),
+    ],
+    "repetition_detection": [
+        (C, {"allowed_token_ids": [TOKEN], "max_tokens": 12,
+             "repetition_detection": {"max_pattern_size": 1, "min_pattern_size": 1, "min_count": 3}}, repetition),
+        (C, {"repetition_detection": {"max_pattern_size": 2, "min_count": 1}}, BAD),
+    ],
+    "thinking_token_budget": [(C, {"thinking_token_budget": -1}, same_as_baseline),
+                              (CHAT, {"thinking_token_budget": 8}, BAD)],
+    "return_token_ids": [
+        (C, {"return_token_ids": True}, token_ids_returned), (CHAT, {"return_token_ids": True}, token_ids_returned),
+        (C, {"return_token_ids": True, "stream": True}, streamed_token_ids),
+        (CHAT, {"return_token_ids": True, "stream": True}, streamed_token_ids),
+    ],
+    "truncation_side": [
+        (C, {"prompt": [5, 6, 7, 8], "truncate_prompt_tokens": 2, "truncation_side": "right",
+             "return_token_ids": True}, prompt_ids_are([5, 6])),
+        (C, {"prompt": [5, 6, 7, 8], "truncate_prompt_tokens": 2, "truncation_side": "left",
+             "return_token_ids": True}, prompt_ids_are([7, 8])),
+    ],
+    "include_reasoning": [(CHAT, {"include_reasoning": False}, same_as_baseline)],  # effect: test_structured_and_tools
+    "documents": [(CHAT, {"documents": [{"title": "t", "text": "x"}]}, accepted)],  # effect: test_template_kwargs
+    "reasoning_effort": [(CHAT, {"reasoning_effort": "low"}, accepted), (CHAT, {"reasoning_effort": "huge"}, BAD)],
+    "use_beam_search": [(C, {"use_beam_search": False}, same_as_baseline), (CHAT, {"use_beam_search": True}, BAD)],
+    "return_token_offsets": [(C, {"return_token_offsets": True}, BAD)],
+    "return_prompt_text": [(CHAT, {"return_prompt_text": False}, same_as_baseline),
+                           (CHAT, {"return_prompt_text": True}, BAD)],
+    "return_assistant_tokens_mask": [(CHAT, {"return_assistant_tokens_mask": True}, BAD)],
+    "length_penalty": [(C, {"length_penalty": 1.0}, same_as_baseline), (C, {"length_penalty": 2.0}, BAD)],
+    "prompt_logprobs": [(C, {"prompt_logprobs": 1}, BAD), (CHAT, {"prompt_logprobs": 0}, BAD)],
+    "cache_salt": [(CHAT, {"cache_salt": "s3cret"}, BAD)],
+    "chat_template": [(CHAT, {"chat_template": "{{ messages }}"}, BAD)],
     "suffix": [(C, {"suffix": "end"}, BAD)],
+    "prompt_embeds": [(C, {"prompt_embeds": "AAAA"}, BAD)],
+    "kv_transfer_params": [(C, {"kv_transfer_params": {}}, same_as_baseline),
+                           (C, {"kv_transfer_params": {"do_remote_decode": True}}, BAD)],
+    "ec_transfer_params": [(CHAT, {"ec_transfer_params": {"x": 1}}, BAD)],
+    "vllm_xargs": [(C, {"vllm_xargs": {}}, same_as_baseline), (C, {"vllm_xargs": {"a": 1}}, BAD)],
+    "media_io_kwargs": [(CHAT, {"media_io_kwargs": {"image": {}}}, BAD)],
+    "mm_processor_kwargs": [(CHAT, {"mm_processor_kwargs": {}}, same_as_baseline),
+                            (CHAT, {"mm_processor_kwargs": {"fps": 1}}, BAD)],
     "audio": [(CHAT, {"audio": {"voice": "alloy", "format": "wav"}}, BAD)],
     "modalities": [(CHAT, {"modalities": ["text", "audio"]}, BAD)],
     "prediction": [(CHAT, {"prediction": {"type": "content", "content": "x"}}, BAD)],
@@ -250,6 +350,56 @@ CASES: dict[str, list[tuple[str, dict, Check | str]]] = {
 def test_every_field_in_the_docs_has_a_case():
     assert table_fields() == set(CASES), {"in the docs only": table_fields() - set(CASES),
                                           "here only": set(CASES) - table_fields()}  # fmt: skip
+
+
+# Every vLLM 0.26 extension field at vLLM's default value, as a vLLM client may send them all.
+VLLM_DEFAULTS = {
+    "use_beam_search": False,
+    "length_penalty": 1.0,
+    "truncation_side": None,
+    "prompt_logprobs": None,
+    "logprob_token_ids": None,
+    "return_token_ids": None,
+    "return_token_offsets": False,
+    "cache_salt": None,
+    "kv_transfer_params": None,
+    "ec_transfer_params": None,
+    "vllm_xargs": None,
+    "repetition_detection": None,
+    "thinking_token_budget": None,
+}
+VLLM_DEFAULTS_BY_PATH = {
+    C: {**VLLM_DEFAULTS, "suffix": None, "prompt_embeds": None},
+    CHAT: {**VLLM_DEFAULTS, "chat_template": None, "documents": None, "include_reasoning": True,
+           "media_io_kwargs": None, "mm_processor_kwargs": None, "reasoning_effort": None,
+           "return_assistant_tokens_mask": False, "return_prompt_text": None},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", [C, CHAT])
+def test_every_vllm_field_at_its_default_is_accepted(http, path):
+    response = http.post(path, json={**BASE[path], **VLLM_DEFAULTS_BY_PATH[path]})
+    assert response.status_code == 200, response.text
+    ctx = Ctx(http, path, response)
+    same_as_baseline(ctx)
+    assert "token_ids" not in ctx.json()["choices"][0] and "prompt_token_ids" not in ctx.json()
+
+
+def test_template_kwargs():
+    """documents and reasoning_effort reach the chat template as vLLM passes them."""
+    from brisk.entrypoints.openai.protocol import ChatCompletionRequest
+    from brisk.entrypoints.openai.serving_chat import template_kwargs
+
+    def kwargs(**fields):
+        return template_kwargs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], **fields))
+
+    docs = [{"title": "t", "text": "x"}]
+    assert kwargs() is None
+    assert kwargs(documents=docs, chat_template_kwargs={"a": 1}) == {"a": 1, "documents": docs}
+    assert kwargs(reasoning_effort="none") == {"reasoning_effort": "none", "enable_thinking": False}
+    assert kwargs(reasoning_effort="high") == {"reasoning_effort": "high", "enable_thinking": True}
+    assert kwargs(reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}) == {
+        "enable_thinking": False, "reasoning_effort": "low"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

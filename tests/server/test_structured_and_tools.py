@@ -191,3 +191,26 @@ def test_vllm_extensions(client, server):
     )  # fmt: skip
     assert ids.id == "cmpl-abc123" and ids.usage.prompt_tokens == 2
     assert ids.choices[0].logprobs.tokens == ["token_id:65"] * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_reasoning_false_drops_the_reasoning(parser_server, stream):
+    """vLLM's include_reasoning: false: no reasoning_content (messages or deltas); the content is the same."""
+    regex = r"<think>[a-z]{1,8}</think>\n[a-z]{1,8}"
+    kwargs = dict(model=MODEL_NAME, messages=USER, max_tokens=40, temperature=1.0, seed=5)
+
+    def reply(include: bool) -> tuple[str, str]:
+        extra_body = {"structured_outputs": {"regex": regex}, "include_reasoning": include}
+        if not stream:
+            message = parser_server.chat.completions.create(extra_body=extra_body, **kwargs).choices[0].message
+            return message.reasoning_content or "", message.content or ""
+        reasoning = content = ""
+        for chunk in parser_server.chat.completions.create(stream=True, extra_body=extra_body, **kwargs):
+            delta = chunk.choices[0].delta
+            reasoning += getattr(delta, "reasoning_content", None) or ""
+            content += delta.content or ""
+        return reasoning, content
+
+    with_reasoning, content = reply(True)
+    assert with_reasoning.isalpha() and content.isalpha()
+    assert reply(False) == ("", content)

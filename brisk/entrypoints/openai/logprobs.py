@@ -20,7 +20,14 @@ def _text(tokenizer, token_id: int, entry) -> str:
     return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
 
 
+# Pass as ``k`` for requests with ``logprob_token_ids``: every entry of a position (the chosen token's and the
+# listed tokens', whatever their rank) is an alternative, as vLLM returns them.
+ALL = -1
+
+
 def _top(position: PositionLogprobs, k: int) -> list[tuple[int, object]]:
+    if k == ALL:
+        return list(position.items())
     return sorted(((t, lp) for t, lp in position.items() if lp.rank <= k), key=lambda item: item[1].rank)
 
 
@@ -46,7 +53,7 @@ def completion_logprobs(
         else:
             # Tokens that decode alike (partial UTF-8 bytes) share a key: the chosen token's wins, then rank.
             top: dict[str, float] = {}
-            if entry is not None and entry.rank <= max(k, 1):
+            if entry is not None and (k == ALL or entry.rank <= max(k, 1)):
                 top[token] = entry.logprob
             for t, lp in _top(position, k):
                 top.setdefault(_text(tokenizer, t, lp), lp.logprob)
@@ -66,9 +73,7 @@ def chat_logprobs(
         entry = position.get(token_id) if position else None
         token = _text(tokenizer, token_id, entry)
         tops = [
-            TopLogprob(
-                token=(t_text := _text(tokenizer, t, lp)), logprob=lp.logprob, bytes=list(t_text.encode())
-            )
+            TopLogprob(token=(t_text := _text(tokenizer, t, lp)), logprob=lp.logprob, bytes=list(t_text.encode()))
             for t, lp in _top(position or {}, k)
         ]
         content.append(

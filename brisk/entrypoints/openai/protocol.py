@@ -80,6 +80,15 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
+class RepetitionDetection(_Request):
+    """vLLM's ``repetition_detection``: end a completion (``finish_reason: "repetition"``) once its last tokens
+    are one pattern repeated ``min_count`` times (``max_pattern_size: 0`` turns it off)."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
 class ResponseFormat(_Request):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -138,6 +147,28 @@ class _SamplingFields(_Body):
     service_tier: str | None = None
     priority: int = 0
     request_id: str | None = None
+    # vLLM 0.26's server extensions. Wired: logprob_token_ids, repetition_detection, thinking_token_budget (None or
+    # -1), return_token_ids, truncation_side. The others are accepted only with values that ask for nothing
+    # (serving_engine.check_vllm_extension_fields).
+    logprob_token_ids: list[int] | None = Field(
+        None, description="Token ids whose logprobs are returned at each generated position (needs logprobs)."
+    )
+    repetition_detection: RepetitionDetection | None = None
+    thinking_token_budget: int | None = Field(None, description="None or -1 (unlimited) only.")
+    return_token_ids: bool | None = Field(
+        None, description="Add prompt_token_ids and each choice's token_ids to the response (and stream chunks)."
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="With truncate_prompt_tokens: 'left' (default) keeps the last N tokens, 'right' the first."
+    )
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    prompt_logprobs: int | None = None
+    return_token_offsets: bool | None = False
+    cache_salt: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -151,12 +182,12 @@ class CompletionRequest(_SamplingFields):
         description="A string, an array of strings, an array of token ids or an array of token-id arrays.",
     )
     max_tokens: int | None = 16
-    logprobs: int | None = Field(
-        None, description="Number of top alternatives per position (0 = only chosen)."
-    )
+    logprobs: int | None = Field(None, description="Number of top alternatives per position (0 = only chosen).")
     echo: bool = False
     best_of: int | None = Field(None, description="Only accepted when equal to n (no server-side reranking).")
     add_special_tokens: bool = True
+    suffix: str | None = None
+    prompt_embeds: str | list[str] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -172,9 +203,7 @@ class CompletionRequest(_SamplingFields):
                 return value
         if isinstance(value, list) and not value:
             raise ValueError("the prompt must not be empty")
-        raise ValueError(
-            "expected a string, an array of strings, an array of token ids or an array of token-id arrays"
-        )
+        raise ValueError("expected a string, an array of strings, an array of token ids or an array of token-id arrays")
 
 
 class TextContentPart(_Request):
@@ -251,6 +280,18 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM 0.26's chat extensions: include_reasoning, documents and reasoning_effort are wired; the others are
+    # accepted only with values that ask for nothing.
+    include_reasoning: bool = True
+    documents: list[dict[str, str]] | None = Field(None, description="Passed to the chat template (RAG templates).")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = Field(
+        None, description="Passed to the chat template, with enable_thinking (false for 'none') unless set."
+    )
+    chat_template: str | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    return_prompt_text: bool | None = None
+    return_assistant_tokens_mask: bool = False
 
 
 class TokenizeRequest(_Body):
@@ -294,6 +335,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids only
+    token_ids: list[int] | None = None  # return_token_ids only
 
 
 class CompletionResponse(BaseModel):
@@ -333,6 +376,7 @@ class ChatCompletionChoice(BaseModel):
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids only
 
 
 class ChatCompletionResponse(BaseModel):
@@ -343,6 +387,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids only
 
 
 class ModelCard(BaseModel):

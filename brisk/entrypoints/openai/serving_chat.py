@@ -4,12 +4,13 @@ choices."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
 from brisk.engine.async_engine import RequestStream
 from brisk.entrypoints.openai.errors import bad_request
-from brisk.entrypoints.openai.logprobs import chat_logprobs
+from brisk.entrypoints.openai.logprobs import ALL, chat_logprobs
 from brisk.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
@@ -30,6 +31,18 @@ from brisk.entrypoints.openai.serving_engine import (
 from brisk.entrypoints.openai.tool_calling import ToolMode, tool_mode
 from brisk.entrypoints.openai.tool_parsers import TOOL_PARSERS, ToolParser
 from brisk.sampling_params import SamplingParams
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """What the chat template is given besides the messages: ``chat_template_kwargs``, with vLLM's ``documents``
+    and ``reasoning_effort`` (which also sets ``enable_thinking``, false for ``"none"``, unless the kwargs set it)."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+        kwargs.setdefault("enable_thinking", req.reasoning_effort != "none")
+    return kwargs or None
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -58,7 +71,7 @@ class OpenAIServingChat(OpenAIServing):
             req,
             max_tokens,
             param_names={"logprobs": "top_logprobs", "max_tokens": param},
-            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            logprobs=(req.top_logprobs or 0) if req.logprobs and not req.logprob_token_ids else None,
             **fields,
         )
 
@@ -85,26 +98,26 @@ class OpenAIServingChat(OpenAIServing):
             req.add_generation_prompt,
             req.continue_final_message,
             tools=tools,
-            template_kwargs=req.chat_template_kwargs,
+            template_kwargs=template_kwargs(req),
             add_special_tokens=req.add_special_tokens,
         )
-        prompt_ids = self.truncate_prompt(prompt_ids, req.truncate_prompt_tokens)
+        prompt_ids = self.truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side)
         self.check_prompt_length(len(prompt_ids), "messages")
         params = self._params(req, len(prompt_ids), mode)
         ids = ResponseIds.new("chatcmpl", model, req.request_id)
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         stream = await self.submit(ids.id, prompt_ids, params)
         if req.stream:
-            return SSEResponse(self._stream(req, ids, stream, mode, echo, len(prompt_ids)), [stream])
+            return SSEResponse(self._stream(req, ids, stream, mode, echo, prompt_ids), [stream])
         output = await self.final_output(stream)
-        k = req.top_logprobs or 0
+        k = ALL if req.logprob_token_ids else req.top_logprobs or 0
         choices = []
         for c in output.outputs:
             tool_parser, reasoning_parser = self._parsers()
             reasoning, text = None, c.text
             if reasoning_parser is not None:
                 split = reasoning_parser.split(text)
-                reasoning, text = split.reasoning, split.content or ""
+                reasoning, text = split.reasoning if req.include_reasoning else None, split.content or ""
             content, calls = mode.calls(text, tool_parser)
             logprobs = None
             if req.logprobs:
@@ -121,12 +134,18 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs=logprobs,
                     finish_reason="tool_calls" if calls and c.finish_reason == "stop" else c.finish_reason,
                     stop_reason=c.stop_reason,
+                    token_ids=list(c.token_ids) if req.return_token_ids else None,
                 )
             )
         response = ChatCompletionResponse(
             id=ids.id, created=ids.created, model=ids.model, choices=choices, usage=self.usage([output])
         )
-        return JSONResponse(response.model_dump())
+        if req.return_token_ids:
+            response.prompt_token_ids = list(output.prompt_token_ids)
+            return JSONResponse(response.model_dump())
+        return JSONResponse(
+            response.model_dump(exclude={"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}})
+        )
 
     async def _stream(
         self,
@@ -135,10 +154,11 @@ class OpenAIServingChat(OpenAIServing):
         stream: RequestStream,
         mode: ToolMode,
         echo: str,
-        num_prompt_tokens: int,
+        prompt_ids: list[int],
     ) -> AsyncIterator[str]:
+        num_prompt_tokens = len(prompt_ids)
         n = req.n
-        k = req.top_logprobs or 0
+        k = ALL if req.logprob_token_ids else req.top_logprobs or 0
         sent_chars = [0] * n
         sent_tokens = [0] * n
         num_calls = [0] * n
@@ -150,8 +170,10 @@ class OpenAIServingChat(OpenAIServing):
         base = ids.chunk_base("chat.completion.chunk")
         last = None
 
-        def chunk(choice: dict) -> str:
+        def chunk(choice: dict, prompt_token_ids: list[int] | None = None) -> str:
             data = {**base, "choices": [choice]}
+            if prompt_token_ids is not None:
+                data["prompt_token_ids"] = prompt_token_ids
             if continuous_usage:  # the role chunks come before any output: the prompt alone (as vLLM's)
                 usage = (
                     self.usage([last])
@@ -166,8 +188,10 @@ class OpenAIServingChat(OpenAIServing):
         try:
             # OpenAI's first chunk of each choice carries the role and an empty content (vLLM's echo: the text).
             for i in range(n):
-                yield chunk({"index": i, "delta": {"role": "assistant", "content": echo}, "logprobs": None,
-                             "finish_reason": None})  # fmt: skip
+                first = {"index": i, "delta": {"role": "assistant", "content": echo}, "logprobs": None,
+                         "finish_reason": None}  # fmt: skip
+                # vLLM's return_token_ids: the prompt's ids on the first chunk only
+                yield chunk(first, prompt_ids if req.return_token_ids and i == 0 else None)
             async for output in stream:
                 last = output
                 for c in output.outputs:
@@ -183,19 +207,24 @@ class OpenAIServingChat(OpenAIServing):
                         logprobs = {"content": [t.model_dump() for t in content]}
                     sent_tokens[i] = len(c.token_ids)
                     delta = self._delta(c.text, finished, sent_chars, i, mode, parsers[i][0], reasoning_streams[i])
+                    if not req.include_reasoning:
+                        delta.pop("reasoning_content", None)
                     calls = delta.pop("tool_calls", [])
                     if calls:
                         delta["tool_calls"] = [call.to_openai(num_calls[i] + j) for j, call in enumerate(calls)]
                         num_calls[i] += len(calls)
-                    if not delta and logprobs is None and not finished:
+                    if not delta and logprobs is None and not finished and not (req.return_token_ids and new_ids):
                         continue
                     if finished:
                         done[i] = True
                     reason = c.finish_reason
                     if finished and num_calls[i] and reason == "stop":
                         reason = "tool_calls"
-                    yield chunk({"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
-                                 "stop_reason": c.stop_reason})  # fmt: skip
+                    choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                              "stop_reason": c.stop_reason}  # fmt: skip
+                    if req.return_token_ids:
+                        choice["token_ids"] = list(new_ids)
+                    yield chunk(choice)
             if include_usage and last is not None:
                 yield sse({**base, "choices": [], "usage": self.usage([last]).model_dump()})
             yield SSE_DONE

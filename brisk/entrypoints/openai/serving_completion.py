@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from starlette.responses import JSONResponse, Response
 
 from brisk.entrypoints.openai.errors import bad_request
-from brisk.entrypoints.openai.logprobs import completion_logprobs
+from brisk.entrypoints.openai.logprobs import ALL, completion_logprobs
 from brisk.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -63,7 +63,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 self.check_token_ids(item, param)
                 prompt = _Prompt(None, list(item))
             if req.truncate_prompt_tokens is not None:
-                prompt = _Prompt(None, self.truncate_prompt(prompt.token_ids, req.truncate_prompt_tokens))
+                truncated = self.truncate_prompt(prompt.token_ids, req.truncate_prompt_tokens, req.truncation_side)
+                prompt = _Prompt(None, truncated)
             self.check_prompt_length(len(prompt.token_ids), param)
             prompts.append(prompt)
         return prompts
@@ -73,7 +74,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return self.request_sampling_params(
             req,
             max_tokens,
-            logprobs=req.logprobs,
+            logprobs=None if req.logprob_token_ids else req.logprobs,
             prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
         )
 
@@ -99,7 +100,9 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             for stream in streams:
                 stream.abort()
-        return JSONResponse(self._response(req, ids, prompts, outputs).model_dump())
+        response = self._response(req, ids, prompts, outputs)
+        exclude = None if req.return_token_ids else {"choices": {"__all__": {"prompt_token_ids", "token_ids"}}}
+        return JSONResponse(response.model_dump(exclude=exclude))
 
     def _echo_logprobs(
         self, req: CompletionRequest, prompt: _Prompt, output: RequestOutput, k: int
@@ -121,7 +124,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         self.logprobs_tokenizer(req),
                         c.token_ids,
                         c.logprobs or [],
-                        req.logprobs,
+                        ALL if req.logprob_token_ids else req.logprobs,
                         len(prefix or ""),
                         logprobs,
                     )
@@ -132,6 +135,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=c.finish_reason,
                         stop_reason=c.stop_reason,
+                        prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
+                        token_ids=list(c.token_ids) if req.return_token_ids else None,
                     )
                 )
         return CompletionResponse(
@@ -169,8 +174,9 @@ class OpenAIServingCompletion(OpenAIServing):
                             logprobs = self._echo_logprobs(req, prompts[i], output, req.logprobs)
                             offsets[idx] = len(prompts[i].text or "")
                         positions = (c.logprobs or [])[sent_tokens[idx] : len(c.token_ids)]
+                        k = ALL if req.logprob_token_ids else req.logprobs
                         logprobs = completion_logprobs(
-                            self.logprobs_tokenizer(req), new_ids, positions, req.logprobs, offsets[idx], logprobs
+                            self.logprobs_tokenizer(req), new_ids, positions, k, offsets[idx], logprobs
                         )
                         offsets[idx] += sum(len(t) for t in logprobs.tokens[-len(new_ids) :]) if new_ids else 0
                     sent_chars[idx] = len(c.text)
@@ -186,6 +192,9 @@ class OpenAIServingCompletion(OpenAIServing):
                         "finish_reason": c.finish_reason,
                         "stop_reason": c.stop_reason,
                     }
+                    if req.return_token_ids:  # vLLM: the prompt's ids on a choice's first chunk, then new ids
+                        choice["prompt_token_ids"] = prompts[i].token_ids if first else None
+                        choice["token_ids"] = list(new_ids)
                     chunk = {**base, "choices": [choice]}
                     if continuous_usage:
                         chunk["usage"] = self.usage([last[j] for j in sorted(last)]).model_dump()

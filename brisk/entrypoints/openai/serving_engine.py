@@ -38,7 +38,7 @@ from brisk.entrypoints.openai.protocol import (
 )
 from brisk.entrypoints.openai.tool_calling import template_message
 from brisk.outputs import RequestOutput
-from brisk.sampling_params import SamplingParams, error_field
+from brisk.sampling_params import RepetitionDetectionParams, SamplingParams, error_field
 from brisk.structured_outputs import StructuredOutputsParams
 
 logger = logging.getLogger("brisk.server")
@@ -284,6 +284,15 @@ class OpenAIServing:
         self.check_token_ids(req.stop_token_ids or [], "stop_token_ids")
         self.check_stop_strings(req.stop)
         check_compatibility_fields(req)
+        check_vllm_extension_fields(req)
+        if req.logprob_token_ids:
+            self.check_token_ids(req.logprob_token_ids, "logprob_token_ids")
+        repetition = None
+        if req.repetition_detection is not None:
+            try:
+                repetition = RepetitionDetectionParams(**req.repetition_detection.model_dump())
+            except ValueError as exc:
+                raise bad_request(str(exc), param="repetition_detection", code="invalid_value") from None
         if req.allowed_token_ids:
             self.check_token_ids(req.allowed_token_ids, "allowed_token_ids")
         fields.setdefault("structured_outputs", structured_outputs_of(req))
@@ -308,20 +317,24 @@ class OpenAIServing:
                 logit_bias=req.logit_bias or None,
                 bad_words=req.bad_words or None,
                 allowed_token_ids=req.allowed_token_ids,
+                logprob_token_ids=req.logprob_token_ids or None,
+                thinking_token_budget=req.thinking_token_budget,
+                repetition_detection=repetition,
                 **fields,
             ),
             param_names,
         )
 
-    def truncate_prompt(self, prompt_ids: list[int], truncate: int | None) -> list[int]:
-        """``truncate_prompt_tokens`` (vLLM): keep the last N tokens (-1: as many as the context allows)."""
+    def truncate_prompt(self, prompt_ids: list[int], truncate: int | None, side: str | None = None) -> list[int]:
+        """``truncate_prompt_tokens`` (vLLM): keep the last N tokens (-1: as many as the context allows), or the
+        first N with ``truncation_side: "right"``."""
         if truncate is None:
             return prompt_ids
         if truncate == -1:
             truncate = self.max_model_len - 1
         if truncate < 1:
             raise bad_request("'truncate_prompt_tokens' must be -1 or at least 1.", param="truncate_prompt_tokens")
-        return prompt_ids[-truncate:]
+        return prompt_ids[:truncate] if side == "right" else prompt_ids[-truncate:]
 
     # ---- the engine ---------------------------------------------------------------------------------------
     async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
@@ -382,6 +395,49 @@ def check_compatibility_fields(req: CompletionRequest | ChatCompletionRequest) -
         )
     if req.priority != 0:
         raise bad_request("'priority' is not supported: brisk serves requests first come, first served.", "priority")
+
+
+def _refuse(field: str, accepted: str, why: str) -> OpenAIError:
+    return bad_request(f"'{field}' is not supported here: only {accepted} is accepted ({why}).", param=field)
+
+
+def check_vllm_extension_fields(req: CompletionRequest | ChatCompletionRequest) -> None:
+    """vLLM's server extensions brisk lacks: accepted when their value asks for nothing, else a 400 naming them."""
+    if req.use_beam_search:
+        raise _refuse("use_beam_search", "false", "brisk does not do beam search")
+    if req.length_penalty != 1.0:
+        raise _refuse("length_penalty", "1.0", "it only applies to beam search, which brisk does not do")
+    if req.prompt_logprobs is not None:
+        raise _refuse("prompt_logprobs", "null", "use completions' echo with logprobs for prompt logprobs")
+    if req.return_token_offsets:
+        raise _refuse("return_token_offsets", "false or null", "brisk has no /render endpoints")
+    if req.cache_salt is not None:
+        raise _refuse("cache_salt", "null", "brisk's prefix cache is not salted")
+    for name in ("kv_transfer_params", "ec_transfer_params"):
+        if getattr(req, name):
+            raise _refuse(name, "null or {}", "brisk has no disaggregated serving")
+    if req.vllm_xargs:
+        raise _refuse("vllm_xargs", "null or {}", "brisk has no custom extensions to read them")
+    if req.logprob_token_ids and (req.logprobs is None or req.logprobs is False):
+        raise bad_request("'logprob_token_ids' needs 'logprobs' to be set.", param="logprob_token_ids")
+    if isinstance(req, CompletionRequest):
+        if req.suffix is not None:
+            raise _refuse("suffix", "null", "brisk does not fill in the middle")
+        if req.prompt_embeds is not None:
+            raise _refuse("prompt_embeds", "null", "brisk takes text or token-id prompts")
+        if req.logprob_token_ids and req.echo:
+            raise bad_request("'logprob_token_ids' cannot be combined with 'echo'.", param="logprob_token_ids")
+        return
+    if req.chat_template is not None:
+        raise _refuse("chat_template", "null", "the server's --chat-template or the model's template is used")
+    if req.media_io_kwargs:
+        raise _refuse("media_io_kwargs", "null or {}", "brisk serves text-only models")
+    if req.mm_processor_kwargs:
+        raise _refuse("mm_processor_kwargs", "null or {}", "brisk serves text-only models")
+    if req.return_prompt_text:
+        raise _refuse("return_prompt_text", "false or null", "brisk does not return the rendered prompt")
+    if req.return_assistant_tokens_mask:
+        raise _refuse("return_assistant_tokens_mask", "false", "brisk has no /render endpoints")
 
 
 def structured_outputs_of(req: CompletionRequest | ChatCompletionRequest) -> StructuredOutputsParams | None:
