@@ -222,6 +222,25 @@ def test_extras_and_penalties(client):
     assert r.usage.completion_tokens == 6
 
 
+def test_vllm_extension_fields_through_extra_body(client):
+    """vLLM 0.26's request extensions as its users send them, in the client's ``extra_body``: the reply carries the
+    token ids (``return_token_ids``, read back through the client's untyped extra fields), those of a greedy
+    reply without the extensions, and a refused value is the client's BadRequestError naming the field."""
+    kwargs = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0)
+    plain = client.chat.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(
+        **kwargs,
+        extra_body={"ignore_eos": True, "return_token_ids": True, "include_reasoning": True,
+                    "truncation_side": None, "vllm_xargs": {}, "kv_transfer_params": None},
+    )  # fmt: skip
+    (choice,) = r.choices
+    assert choice.message.content == plain.choices[0].message.content
+    assert len(choice.model_extra["token_ids"]) == r.usage.completion_tokens == 8
+    assert len(r.model_extra["prompt_token_ids"]) == r.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="use_beam_search"):
+        client.chat.completions.create(**kwargs, extra_body={"use_beam_search": True})
+
+
 def test_tokenize_detokenize(server):
     with server.client() as c:
         tok = c.post("/tokenize", json={"model": MODEL_NAME, "prompt": PROMPT}).json()
