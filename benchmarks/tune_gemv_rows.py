@@ -9,7 +9,7 @@ kernels) through each at every row count: the row counts where the GEMV's stack 
 ``--shape``: the projections of another named shape (``brisk/bench/configs.py``), e.g. the speculative pair's
 ``qwen2.5-coder-1.5b-shape`` and ``qwen2.5-coder-0.5b-shape``, whose verification and draft passes run this GEMV at
 ``1 + k`` and 2 rows. Their projections are a few dozen tiles of 64 outputs (the 0.5B's o_proj 14), far fewer
-programs than the GPU has multiprocessors; the sweep includes tiles of 16 outputs.
+programs than the GPU has multiprocessors; the sweep includes tiles of 16 outputs and K split in 2 to 6 slices.
 
 ``--fp8-rows``: each projection with FP8 weights (``quantization="fp8"``'s layout) through the weight-only FP8
 GEMV, beside the bf16 GEMV and the ``torch._scaled_mm`` path that larger batches take (inputs quantized per
@@ -41,7 +41,7 @@ SWEEP = [  # tiles whose pipelined loads fit in 160 KB of shared memory
     GemvRowsConfig(block_n, block_k, warps, stages)
     for block_n, block_k, warps, stages in itertools.product((16, 32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5))
     if (block_n + 16) * block_k * 2 * stages <= 160 * 1024 and (warps == 4 or block_n == 128)
-]
+] + [GemvRowsConfig(block_n, 256, 4, 4, split_k) for block_n in (16, 32, 64) for split_k in (2, 3, 4, 6)]
 LAYER_PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 FP8_CONFIGS = [GemvRowsConfig(*c) for c in ((64, 256, 4, 4), (32, 512, 4, 4), (16, 512, 4, 4), (32, 256, 2, 4))]
 

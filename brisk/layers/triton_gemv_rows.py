@@ -34,25 +34,32 @@ import torch
 import triton
 import triton.language as tl
 
-from brisk.layers.device_limits import shared_memory_per_block
+from brisk.layers.device_limits import num_sms, shared_memory_per_block
 
 
 @triton.jit
 def _gemv_rows_kernel(
     x_ptr, weight_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP16_PRODUCTS: tl.constexpr,
+    BLOCK_K: tl.constexpr, FP16_PRODUCTS: tl.constexpr, K_PER_SPLIT, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
-    """One program per ``BLOCK_N`` outputs of every row: ``out[:, n] = x @ W[n, :]^T`` (times ``scale[n]`` with
-    ``HAS_SCALE``); with ``FP16_PRODUCTS`` the tiles are multiplied in fp16."""
+    """One program per ``BLOCK_N`` outputs of every row and slice of ``K_PER_SPLIT`` inputs: ``out[:, n] = x @
+    W[n, :]^T`` (times ``scale[n]`` with ``HAS_SCALE``); with ``FP16_PRODUCTS`` the tiles are multiplied in fp16.
+    With ``SPLIT_K`` slices each program stores its float32 partial sums, ``[SPLIT_K, M, N]``, for
+    ``_sum_splits_kernel`` (scale and bias come there)."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     row_mask = rows < M
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_start, k_end = 0, K
+    if SPLIT_K > 1:
+        k_start = split * K_PER_SPLIT
+        k_end = tl.minimum(K, k_start + K_PER_SPLIT)
+    for k0 in range(k_start, k_end, BLOCK_K):
         cols = k0 + offs_k
         col_mask = cols < K
         w = tl.load(weight_ptr + n[:, None].to(tl.int64) * weight_stride + cols[None, :],
@@ -64,12 +71,34 @@ def _gemv_rows_kernel(
             acc = tl.dot(w.to(tl.float16), tl.trans(x), acc)
         else:
             acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
+    if SPLIT_K > 1:
+        tl.store(out_ptr + split * M * N + rows[None, :] * N + n[:, None], acc,
+                 mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
+    else:
+        if HAS_SCALE:
+            acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)[:, None]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + rows[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
+
+
+@triton.jit
+def _sum_splits_kernel(partial_ptr, scale_ptr, bias_ptr, out_ptr, M, N, HAS_SCALE: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """``out = sum(partial, 0) * scale + bias`` over ``BLOCK`` of the ``M * N`` outputs, the slices summed in
+    order (the same bits run to run, unlike atomic adds)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(partial_ptr + offs, mask=mask, other=0.0)
+    for split in tl.static_range(1, SPLIT_K):
+        acc += tl.load(partial_ptr + split * M * N + offs, mask=mask, other=0.0)
+    n = offs % N
     if HAS_SCALE:
-        acc *= tl.load(scale_ptr + n, mask=n_mask, other=0.0)[:, None]
+        acc *= tl.load(scale_ptr + n, mask=mask, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    tl.store(out_ptr + rows[None, :] * N + n[:, None], acc.to(out_ptr.dtype.element_ty),
-             mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
+        acc += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 class GemvRowsConfig(NamedTuple):
@@ -77,6 +106,7 @@ class GemvRowsConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1  # slices of K in programs of their own, summed by a second kernel
 
 
 # Shared memory a launch needs beyond its pipelined tiles: Hopper keeps one weight and one input tile a stage
@@ -97,6 +127,9 @@ def gemv_rows_config(
     shared_memory: int = 0,
     weight_element_size: int | None = None,
     fp16_products: bool = False,
+    inputs: int = 0,
+    outputs: int = 0,
+    multiprocessors: int = 0,
 ) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
@@ -106,7 +139,10 @@ def gemv_rows_config(
     programs, each with half the widening to do; 512 inputs were as fast, 16 outputs or two warps slower). A GPU
     with less ``shared_memory`` a block (bytes; 0: no limit, the interpreter) keeps fewer stages, and below two
     halves the tiles' inputs. ``element_size`` is the input's, ``weight_element_size`` the weight's (default: the
-    same). Cached: an eager step asks once a projection."""
+    same). Cached: an eager step asks once a projection.
+
+    A projection of few ``outputs`` and many ``inputs`` (a small model's down projection) leaves most of the
+    ``multiprocessors`` idle, so its K is split (``split_k_for``)."""
     weight_size = weight_element_size or element_size
     block_n = 32 if fp16_products else 64
     block_k = 512 // element_size
@@ -117,7 +153,22 @@ def gemv_rows_config(
         if stages >= 2 or block_k == 32:
             break
         block_k //= 2
-    return GemvRowsConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=max(stages, 1))
+    split_k = split_k_for(inputs, outputs, block_n, block_k, multiprocessors)
+    return GemvRowsConfig(block_n, block_k, num_warps=4, num_stages=max(stages, 1), split_k=split_k)
+
+
+def split_k_for(inputs: int, outputs: int, block_n: int, block_k: int, multiprocessors: int) -> int:
+    """Slices of K for a launch of ``cdiv(outputs, block_n)`` programs that fill under a quarter of the
+    ``multiprocessors``: enough for half of them, each slice four tiles at least (the partial sums' round trip
+    is paid once a slice). On an H100 at 2 and 5 rows (``benchmarks/tune_gemv_rows.py --shape``, the projections of
+    the Qwen2.5 0.5B / 1.5B speculative pair) the 0.5B's down projection, 896 x 4864 in 14 programs, took 9.9 us
+    in one slice and 7.3 in 4; the 1.5B's, 1536 x 8960 in 24 programs, 16.7 us and 13.3 in 3 (14.8 in 6). The
+    projections of 1,000 to 2,000 inputs got nothing from slices (a slice of one or two tiles), and 8B-sized
+    projections (64 programs and more) fill the GPU without them."""
+    programs = triton.cdiv(outputs, block_n)
+    if not multiprocessors or programs * 4 > multiprocessors:
+        return 1
+    return max(1, min(inputs // (4 * block_k), triton.cdiv(multiprocessors, 2 * programs)))
 
 
 def gemv_rows(
@@ -133,15 +184,27 @@ def gemv_rows(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     fp16_products = weight.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16
     config = gemv_rows_config(
-        m, x.element_size(), shared_memory_per_block(x.device), weight.element_size(), fp16_products
+        m, x.element_size(), shared_memory_per_block(x.device), weight.element_size(), fp16_products, k, n,
+        num_sms(x.device),
     )
     scale = weight_scale.reshape(-1) if weight_scale is not None else weight
-    _gemv_rows_kernel[(triton.cdiv(n, config.block_n),)](
-        x, weight, scale, bias if bias is not None else weight, out, m, n, k, x.stride(0), weight.stride(0),
+    bias_arg = bias if bias is not None else weight
+    # Slices of whole K tiles; a split that leaves a slice empty would only store zeros.
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    split_k = triton.cdiv(k, k_per_split)
+    partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
+    _gemv_rows_kernel[(triton.cdiv(n, config.block_n), split_k)](
+        x, weight, scale, bias_arg, partial, m, n, k, x.stride(0), weight.stride(0),
         HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages,
-        FP16_PRODUCTS=fp16_products,
+        FP16_PRODUCTS=fp16_products, K_PER_SPLIT=k_per_split, SPLIT_K=split_k,
     )  # fmt: skip
+    if split_k > 1:
+        block = 1024
+        _sum_splits_kernel[(triton.cdiv(m * n, block),)](
+            partial, scale, bias_arg, out, m, n, HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
+            SPLIT_K=split_k, BLOCK=block,
+        )  # fmt: skip
     return out
