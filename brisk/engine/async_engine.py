@@ -41,7 +41,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -311,7 +311,7 @@ class AsyncLLM:
     async def add_request(
         self,
         request_id: str,
-        prompt: str | list[int],
+        prompt: str | list[int] | Mapping,
         params: SamplingParams,
         arrival_time: float | None = None,
         timeout_s: float | None = None,
@@ -327,7 +327,7 @@ class AsyncLLM:
 
     async def add_requests(
         self,
-        requests: list[tuple[str, str | list[int], SamplingParams]],
+        requests: list[tuple[str, str | list[int] | Mapping, SamplingParams]],
         arrival_time: float | None = None,
         timeout_s: float | None = None,
     ) -> list[RequestStream]:
@@ -384,7 +384,7 @@ class AsyncLLM:
         return streams
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str
+        self, prompt: str | list[int] | Mapping, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         """Convenience: add a request and yield its outputs (as ``params.output_kind`` says: cumulative, only
         what is new, or only the final one); aborts it if the caller stops early."""

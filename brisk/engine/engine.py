@@ -299,7 +299,8 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int] | Mapping) -> tuple[str | None, list[int]]:
         """The prompt's text (None for token ids alone) and its token ids. Besides a string or a list of ids, a
         prompt can be one of vLLM's prompt dicts: ``{"prompt": text}`` or ``{"prompt_token_ids": ids}`` (with
-        an optional ``"prompt"``: the ids' text, reported in the output)."""
+        an optional ``"prompt"``: the ids' text, reported in the output), either with an optional
+        ``"cache_salt"`` (the prefix cache shares blocks only between requests of the same salt)."""
         if isinstance(prompt, Mapping):
             return self._tokenize_prompt_dict(prompt)
         if isinstance(prompt, str):
@@ -314,7 +315,7 @@ class LLMEngine:
 
     def _tokenize_prompt_dict(self, prompt: Mapping) -> tuple[str | None, list[int]]:
         # Fields that ask for something brisk lacks are refused; the same fields left empty ask for nothing.
-        unsupported = sorted(k for k, v in prompt.items() if k not in ("prompt", "prompt_token_ids") and v)
+        unsupported = sorted(k for k, v in prompt.items() if k not in _PROMPT_DICT_FIELDS and v)
         if unsupported:
             raise ValueError(f"Prompt fields {unsupported} are not supported: brisk takes text and token ids only.")
         text = prompt.get("prompt")
@@ -347,6 +348,7 @@ class LLMEngine:
         if taken:  # the n sequences of a request are named "{index}_{request_id}": those names are taken too
             raise ValueError(f"request_id {request_id!r} is already in use (by {', '.join(map(repr, taken))}).")
         text, token_ids = self.tokenize(prompt)
+        cache_salt = _cache_salt(prompt)
         self._validate_prompt(token_ids)
         self._validate_token_ids(params.stop_token_ids, "stop_token_ids")
         self._validate_token_ids(params.logprob_token_ids or [], "logprob_token_ids")
@@ -361,7 +363,7 @@ class LLMEngine:
                 # others read its KV blocks from the prefix cache (a request owed prompt logprobs cannot).
                 prompt_logprobs = params.prompt_logprobs if index == 0 else None
                 child_params = replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
-            request = Request(child_ids[index], token_ids, child_params, self.eos_token_ids, arrival_time)
+            request = Request(child_ids[index], token_ids, child_params, self.eos_token_ids, arrival_time, cache_salt)
             detok = None
             if params.detokenize and self.tokenizer is not None and (stream or params.stop):
                 detok = IncrementalDetokenizer(
@@ -663,6 +665,17 @@ class LLMEngine:
                 if logprob.decoded_token is None:
                     logprob.decoded_token = self.tokenizer.decode([token_id])
         return list(positions)
+
+
+_PROMPT_DICT_FIELDS = ("prompt", "prompt_token_ids", "cache_salt")  # what brisk reads of vLLM's prompt dicts
+
+
+def _cache_salt(prompt: str | list[int] | Mapping) -> str | None:
+    """A prompt dict's ``cache_salt``: a non-empty string, or None (vLLM's rule)."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError('"cache_salt" must be a non-empty string if provided.')
+    return salt
 
 
 def _is_token_ids(prompt) -> bool:

@@ -21,6 +21,12 @@ def hash_block_tokens(parent_hash: BlockHash | None, tokens: Sequence[int]) -> B
     return hash((parent_hash, tuple(tokens)))
 
 
+def salt_hash(cache_salt: str | None) -> BlockHash | None:
+    """The first block's parent: None, or the request's ``cache_salt`` (vLLM's), which every later hash chains
+    from, so requests of different salts never share a cached block (one tenant cannot time another's prompts)."""
+    return None if cache_salt is None else hash(("cache_salt", cache_salt))
+
+
 @dataclass(eq=False)
 class KVBlock:
     block_id: int
@@ -127,7 +133,8 @@ class KVCacheManager:
         bs = self.block_size
         while (len(hashes) + 1) * bs <= len(tokens):
             start = len(hashes) * bs
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[start : start + bs]))
+            parent = hashes[-1] if hashes else salt_hash(request.cache_salt)
+            hashes.append(hash_block_tokens(parent, tokens[start : start + bs]))
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:

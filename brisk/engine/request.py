@@ -50,8 +50,11 @@ class Request:
         sampling_params: SamplingParams,
         eos_token_ids: frozenset[int],
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ):
         self.request_id = request_id
+        # Mixed into the hash of the first KV block, so only requests with the same salt share cached blocks.
+        self.cache_salt = cache_salt
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from brisk.outputs import CompletionOutput, DeltaOutputs, RequestMetrics, RequestOutput
@@ -54,6 +55,8 @@ class RequestStream:
         self._in_flight = False
         self.arrival_time = arrival_time if arrival_time is not None else time.time()
         # What the outputs are rebuilt from (reader thread only, after construction).
+        if isinstance(prompt, Mapping):  # one of vLLM's prompt dicts
+            prompt = prompt.get("prompt_token_ids") or prompt.get("prompt")
         is_ids = isinstance(prompt, (list, tuple))
         self._prompt = None if is_ids else prompt
         self._prompt_token_ids: list[int] = list(prompt) if is_ids else []

@@ -141,3 +141,22 @@ def test_prefix_cache_counts_each_admitted_request_once(tiny_llama):
     assert stats.num_preemptions == 0 and outputs[1].num_cached_tokens >= 64
     assert stats.prefix_cache_queries == sum(len(p) for p in prompts)
     assert stats.prefix_cache_hits == sum(o.num_cached_tokens for o in outputs)
+
+
+def test_cache_salt_shares_cached_prefixes_only_within_a_salt(tiny_llama):
+    """vLLM's prompt dicts with a ``cache_salt``: a prefix cached under one salt (or none) is a hit only for
+    prompts of the same salt, and salted prompts still give the plain greedy tokens; an empty salt is refused."""
+    llm = LLM(tiny_llama, device="cpu", enable_prefix_caching=True)
+    prompt = llm.get_tokenizer().encode(SHARED)
+    expected = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids  # unsalted, now cached
+
+    def run(salt: str) -> tuple[int, list[int]]:
+        out = llm.generate({"prompt_token_ids": prompt, "cache_salt": salt}, GREEDY, use_tqdm=False)[0]
+        return out.num_cached_tokens, out.outputs[0].token_ids
+
+    assert run("a") == (0, expected) and run("b") == (0, expected)
+    cached, tokens = run("a")
+    assert cached >= 32 and tokens == expected
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate({"prompt": SHARED, "cache_salt": ""}, GREEDY, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
