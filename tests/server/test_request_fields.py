@@ -207,6 +207,22 @@ def streamed_token_ids(ctx: Ctx) -> None:
     assert ids == whole["choices"][0]["token_ids"]
 
 
+def prompt_logprobs_as_echo(ctx: Ctx) -> None:
+    """vLLM's prompt_logprobs (here 2): an entry a prompt token, None for the first, each holding the prompt's
+    token (its logprob the one echo with logprobs reports) and the top two alternatives, ranked from 1."""
+    body = ctx.json()
+    where = body if ctx.path == CHAT else body["choices"][0]
+    positions, prompt_ids = where["prompt_logprobs"], where["prompt_token_ids"]
+    assert len(positions) == len(prompt_ids) == body["usage"]["prompt_tokens"] and positions[0] is None
+    echo = {"model": MODEL_NAME, "prompt": prompt_ids, "echo": True, "logprobs": 2, "max_tokens": 1}
+    echoed_logprobs = ctx.http.post(C, json=echo).json()["choices"][0]["logprobs"]["token_logprobs"]
+    for i, (token, position) in enumerate(zip(prompt_ids[1:], positions[1:], strict=True), start=1):
+        assert str(token) in position and {1, 2} <= {e["rank"] for e in position.values()}, position
+        assert len(position) <= 3 and all(e["rank"] <= 2 for t, e in position.items() if t != str(token))
+        assert position[str(token)]["logprob"] == pytest.approx(echoed_logprobs[i], abs=1e-4)
+    assert positions[1][str(prompt_ids[1])]["decoded_token"] == ctx.detokenize([prompt_ids[1]])
+
+
 def prompt_ids_are(expected: list[int]) -> Check:
     def check(ctx: Ctx) -> None:
         assert ctx.json()["choices"][0]["prompt_token_ids"] == expected
@@ -326,8 +342,13 @@ CASES: dict[str, list[tuple[str, dict, Check | str]]] = {
                            (CHAT, {"return_prompt_text": True}, BAD)],
     "return_assistant_tokens_mask": [(CHAT, {"return_assistant_tokens_mask": True}, BAD)],
     "length_penalty": [(C, {"length_penalty": 1.0}, same_as_baseline), (C, {"length_penalty": 2.0}, BAD)],
-    "prompt_logprobs": [(C, {"prompt_logprobs": 1}, BAD), (CHAT, {"prompt_logprobs": 0}, BAD)],
-    "cache_salt": [(CHAT, {"cache_salt": "s3cret"}, BAD)],
+    "prompt_logprobs": [
+        (C, {"prompt_logprobs": 2, "return_token_ids": True}, prompt_logprobs_as_echo),
+        (CHAT, {"prompt_logprobs": 2, "return_token_ids": True}, prompt_logprobs_as_echo),
+        (CHAT, {"prompt_logprobs": 0, "stream": True}, streamed), (C, {"prompt_logprobs": 1, "stream": True}, BAD),
+        (C, {"prompt_logprobs": 21}, BAD),
+    ],
+    "cache_salt": [(CHAT, {"cache_salt": "s3cret"}, same_as_baseline), (C, {"cache_salt": ""}, BAD)],
     "chat_template": [(CHAT, {"chat_template": "{{ messages }}"}, BAD)],
     "suffix": [(C, {"suffix": "end"}, BAD)],
     "prompt_embeds": [(C, {"prompt_embeds": "AAAA"}, BAD)],
@@ -383,6 +404,21 @@ def test_every_vllm_field_at_its_default_is_accepted(http, path):
     ctx = Ctx(http, path, response)
     same_as_baseline(ctx)
     assert "token_ids" not in ctx.json()["choices"][0] and "prompt_token_ids" not in ctx.json()
+
+
+def test_cache_salt_keeps_prefixes_apart(http):
+    """A prompt's cached blocks serve later requests of the same salt only (vLLM's cache_salt: one tenant cannot
+    learn from its timings which prompts another sent); the replies stay the plain greedy one."""
+    body = {**BASE[C], "prompt": "Salted prefixes stay apart: " + "pack my box with five dozen liquor jugs " * 4}
+
+    def send(salt: str | None) -> tuple[int, str]:
+        reply = http.post(C, json=body if salt is None else {**body, "cache_salt": salt}).json()
+        return reply["usage"]["prompt_tokens_details"]["cached_tokens"], reply["choices"][0]["text"]
+
+    cached, text = zip(*[send(salt) for salt in (None, "tenant-a", "tenant-a", "tenant-b", None, "tenant-b")])
+    assert cached[0] == cached[1] == cached[3] == 0, cached
+    assert min(cached[2], cached[4], cached[5]) > 0, cached
+    assert len(set(text)) == 1
 
 
 def test_template_kwargs():

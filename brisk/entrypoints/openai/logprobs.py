@@ -3,7 +3,13 @@ lists and chat's list of token objects."""
 
 from __future__ import annotations
 
-from brisk.entrypoints.openai.protocol import ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from brisk.entrypoints.openai.protocol import (
+    ChatTokenLogprob,
+    CompletionLogprobs,
+    PromptLogprob,
+    PromptLogprobs,
+    TopLogprob,
+)
 from brisk.outputs import PositionLogprobs
 
 _MISSING = -9999.0  # what OpenAI reports for a token without a logprob (JSON has no -inf)
@@ -85,3 +91,20 @@ def chat_logprobs(
             )
         )
     return content
+
+
+def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> PromptLogprobs | None:
+    """The engine's prompt logprobs in vLLM's response shape (``-inf`` as -9999, which JSON can carry)."""
+    if positions is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            token_id: PromptLogprob(
+                logprob=max(entry.logprob, _MISSING), rank=entry.rank, decoded_token=entry.decoded_token
+            )
+            for token_id, entry in position.items()
+        }
+        for position in positions
+    ]

@@ -148,8 +148,8 @@ class _SamplingFields(_Body):
     priority: int = 0
     request_id: str | None = None
     # vLLM 0.26's server extensions. Wired: logprob_token_ids, repetition_detection, thinking_token_budget (None or
-    # -1), return_token_ids, truncation_side. The others are accepted only with values that ask for nothing
-    # (serving_engine.check_vllm_extension_fields).
+    # -1), return_token_ids, truncation_side, prompt_logprobs, cache_salt. The others are accepted only with values
+    # that ask for nothing (serving_engine.check_vllm_extension_fields).
     logprob_token_ids: list[int] | None = Field(
         None, description="Token ids whose logprobs are returned at each generated position (needs logprobs)."
     )
@@ -165,7 +165,9 @@ class _SamplingFields(_Body):
     length_penalty: float = 1.0
     prompt_logprobs: int | None = None
     return_token_offsets: bool | None = False
-    cache_salt: str | None = None
+    cache_salt: str | None = Field(
+        None, description="Prefix-cache blocks are shared only among requests of the same salt (a secret per tenant)."
+    )
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
@@ -329,6 +331,19 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's entry of ``prompt_logprobs``: one token's logprob at a prompt position, its rank and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's ``prompt_logprobs`` of a response: per prompt position (None for the first), the prompt's token and the
+# top alternatives by token id.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
@@ -337,6 +352,7 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids only
     token_ids: list[int] | None = None  # return_token_ids only
+    prompt_logprobs: PromptLogprobs | None = None  # prompt_logprobs (or echo with logprobs) only
 
 
 class CompletionResponse(BaseModel):
@@ -388,6 +404,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
     system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids only
+    prompt_logprobs: PromptLogprobs | None = None  # prompt_logprobs only
 
 
 class ModelCard(BaseModel):

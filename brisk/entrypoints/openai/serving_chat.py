@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from brisk.engine.async_engine import RequestStream
 from brisk.entrypoints.openai.errors import bad_request
-from brisk.entrypoints.openai.logprobs import ALL, chat_logprobs
+from brisk.entrypoints.openai.logprobs import ALL, chat_logprobs, prompt_logprobs
 from brisk.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatCompletionChoice,
@@ -26,6 +26,7 @@ from brisk.entrypoints.openai.serving_engine import (
     ResponseIds,
     SSEResponse,
     error_event,
+    requested_prompt_logprobs,
     sse,
 )
 from brisk.entrypoints.openai.tool_calling import ToolMode, tool_mode
@@ -72,6 +73,7 @@ class OpenAIServingChat(OpenAIServing):
             max_tokens,
             param_names={"logprobs": "top_logprobs", "max_tokens": param},
             logprobs=(req.top_logprobs or 0) if req.logprobs and not req.logprob_token_ids else None,
+            prompt_logprobs=requested_prompt_logprobs(req),
             **fields,
         )
 
@@ -106,7 +108,7 @@ class OpenAIServingChat(OpenAIServing):
         params = self._params(req, len(prompt_ids), mode)
         ids = ResponseIds.new("chatcmpl", model, req.request_id)
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
-        stream = await self.submit(ids.id, prompt_ids, params)
+        stream = await self.submit(ids.id, prompt_ids, params, req.cache_salt)
         if req.stream:
             return SSEResponse(self._stream(req, ids, stream, mode, echo, prompt_ids), [stream])
         output = await self.final_output(stream)
@@ -138,14 +140,19 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         response = ChatCompletionResponse(
-            id=ids.id, created=ids.created, model=ids.model, choices=choices, usage=self.usage([output])
+            id=ids.id,
+            created=ids.created,
+            model=ids.model,
+            choices=choices,
+            usage=self.usage([output]),
+            prompt_logprobs=prompt_logprobs(output.prompt_logprobs),
         )
+        exclude: dict[str, Any] = {} if output.prompt_logprobs is not None else {"prompt_logprobs": True}
         if req.return_token_ids:
             response.prompt_token_ids = list(output.prompt_token_ids)
-            return JSONResponse(response.model_dump())
-        return JSONResponse(
-            response.model_dump(exclude={"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}})
-        )
+        else:
+            exclude |= {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
+        return JSONResponse(response.model_dump(exclude=exclude))
 
     async def _stream(
         self,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from starlette.responses import JSONResponse, Response
 
 from brisk.entrypoints.openai.errors import bad_request
-from brisk.entrypoints.openai.logprobs import ALL, completion_logprobs
+from brisk.entrypoints.openai.logprobs import ALL, completion_logprobs, prompt_logprobs
 from brisk.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -24,6 +24,7 @@ from brisk.entrypoints.openai.serving_engine import (
     SSEResponse,
     error_event,
     merge_streams,
+    requested_prompt_logprobs,
     sse,
 )
 from brisk.outputs import RequestOutput
@@ -71,11 +72,12 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _params(self, req: CompletionRequest, num_prompt_tokens: int) -> SamplingParams:
         max_tokens = self.resolve_max_tokens(req.max_tokens, num_prompt_tokens, "max_tokens")
+        wanted = [k for k in (requested_prompt_logprobs(req), req.logprobs if req.echo else None) if k is not None]
         return self.request_sampling_params(
             req,
             max_tokens,
             logprobs=None if req.logprob_token_ids else req.logprobs,
-            prompt_logprobs=req.logprobs if req.echo and req.logprobs is not None else None,
+            prompt_logprobs=max(wanted) if wanted else None,
         )
 
     async def create(self, req: CompletionRequest) -> Response:
@@ -90,7 +92,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     p.text = await self.decode(p.token_ids)
         ids = ResponseIds.new("cmpl", model, req.request_id)
         streams = await self.submit_all(
-            [(f"{ids.id}-{i}", p.token_ids, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+            [(f"{ids.id}-{i}", p.token_ids, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))],
+            req.cache_salt,
         )
 
         if req.stream:
@@ -101,8 +104,10 @@ class OpenAIServingCompletion(OpenAIServing):
             for stream in streams:
                 stream.abort()
         response = self._response(req, ids, prompts, outputs)
-        exclude = None if req.return_token_ids else {"choices": {"__all__": {"prompt_token_ids", "token_ids"}}}
-        return JSONResponse(response.model_dump(exclude=exclude))
+        left_out = set() if req.return_token_ids else {"prompt_token_ids", "token_ids"}
+        if outputs[0].prompt_logprobs is None:
+            left_out.add("prompt_logprobs")
+        return JSONResponse(response.model_dump(exclude={"choices": {"__all__": left_out}}))
 
     def _echo_logprobs(
         self, req: CompletionRequest, prompt: _Prompt, output: RequestOutput, k: int
@@ -137,6 +142,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         stop_reason=c.stop_reason,
                         prompt_token_ids=prompt.token_ids if req.return_token_ids else None,
                         token_ids=list(c.token_ids) if req.return_token_ids else None,
+                        prompt_logprobs=prompt_logprobs(output.prompt_logprobs),
                     )
                 )
         return CompletionResponse(

@@ -337,15 +337,23 @@ class OpenAIServing:
         return prompt_ids[:truncate] if side == "right" else prompt_ids[-truncate:]
 
     # ---- the engine ---------------------------------------------------------------------------------------
-    async def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        (stream,) = await self.submit_all([(request_id, prompt_ids, params)])
+    async def submit(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams, cache_salt: str | None = None
+    ) -> RequestStream:
+        (stream,) = await self.submit_all([(request_id, prompt_ids, params)], cache_salt)
         return stream
 
-    async def submit_all(self, requests: list[tuple[str, list[int], SamplingParams]]) -> list[RequestStream]:
-        """Hand requests to the engine together (one message, one wait for all), errors as OpenAI errors."""
+    async def submit_all(
+        self, requests: list[tuple[str, list[int], SamplingParams]], cache_salt: str | None = None
+    ) -> list[RequestStream]:
+        """Hand requests to the engine together (one message, one wait for all), errors as OpenAI errors. A
+        ``cache_salt`` goes with each prompt (vLLM's prompt dict): the prefix cache then shares blocks only
+        with requests of the same salt."""
         if self.config.enable_log_requests:
             for request_id, prompt_ids, params in requests:
                 logger.info("request %s: %d prompt tokens, %s", request_id, len(prompt_ids), params)
+        if cache_salt is not None:
+            requests = [(i, {"prompt_token_ids": ids, "cache_salt": cache_salt}, sp) for i, ids, sp in requests]
         try:
             return await self.engine.add_requests(requests, time.time(), self.config.request_timeout)
         except ValueError as exc:
@@ -397,6 +405,11 @@ def check_compatibility_fields(req: CompletionRequest | ChatCompletionRequest) -
         raise bad_request("'priority' is not supported: brisk serves requests first come, first served.", "priority")
 
 
+def requested_prompt_logprobs(req: CompletionRequest | ChatCompletionRequest) -> int | None:
+    """vLLM's ``prompt_logprobs`` for the engine: None in a stream, where only 0 is accepted and nothing returned."""
+    return None if req.stream else req.prompt_logprobs
+
+
 def _refuse(field: str, accepted: str, why: str) -> OpenAIError:
     return bad_request(f"'{field}' is not supported here: only {accepted} is accepted ({why}).", param=field)
 
@@ -407,12 +420,12 @@ def check_vllm_extension_fields(req: CompletionRequest | ChatCompletionRequest) 
         raise _refuse("use_beam_search", "false", "brisk does not do beam search")
     if req.length_penalty != 1.0:
         raise _refuse("length_penalty", "1.0", "it only applies to beam search, which brisk does not do")
-    if req.prompt_logprobs is not None:
-        raise _refuse("prompt_logprobs", "null", "use completions' echo with logprobs for prompt logprobs")
+    if req.prompt_logprobs and req.stream:  # vLLM's rule: 0 is accepted in a stream, and returns nothing
+        raise bad_request("'prompt_logprobs' are not available when 'stream' is true.", param="prompt_logprobs")
     if req.return_token_offsets:
         raise _refuse("return_token_offsets", "false or null", "brisk has no /render endpoints")
-    if req.cache_salt is not None:
-        raise _refuse("cache_salt", "null", "brisk's prefix cache is not salted")
+    if req.cache_salt is not None and not req.cache_salt:
+        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
     for name in ("kv_transfer_params", "ec_transfer_params"):
         if getattr(req, name):
             raise _refuse(name, "null or {}", "brisk has no disaggregated serving")
