@@ -34,6 +34,9 @@ def test_document_lists_what_the_server_returns(open_server):
             if method == "post":
                 assert {"400", "408", "413", "503"} <= set(operation["responses"]), (method, path)
     assert "404" in doc["paths"]["/v1/models/{model_id}"]["get"]["responses"]
+    assert set(doc["paths"]["/v1/responses/{response_id}"]["get"]["responses"]) == {"401", "404", "503"}
+    responses = doc["paths"]["/v1/responses"]["post"]["responses"]
+    assert "text/event-stream" in responses["200"]["content"] and "504" in responses
     completions = doc["paths"]["/v1/completions"]["post"]["responses"]
     assert "text/event-stream" in completions["200"]["content"] and "504" in completions
     request = doc["components"]["schemas"]["CompletionRequest"]["properties"]

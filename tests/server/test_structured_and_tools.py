@@ -214,3 +214,24 @@ def test_include_reasoning_false_drops_the_reasoning(parser_server, stream):
     with_reasoning, content = reply(True)
     assert with_reasoning.isalpha() and content.isalpha()
     assert reply(False) == ("", content)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_api_reasoning_and_function_call_items(parser_server, stream):
+    """The Responses API over the same parsers: a reasoning item, then a function_call item per call (its
+    ``call_id`` what a function_call_output answers), streamed as their items' events."""
+    regex = r"<think>[a-z]{1,8}</think>\n" + HERMES_CALL
+    tools = [{"type": "function", **WEATHER_TOOL["function"]}]
+    kwargs = dict(model=MODEL_NAME, input="Weather in Paris?", tools=tools, max_output_tokens=120, temperature=1.0,
+                  extra_body={"seed": 3, "structured_outputs": {"regex": regex}})  # fmt: skip
+    if stream:
+        with parser_server.responses.stream(**kwargs) as events:
+            kinds = [event.type for event in events]
+            response = events.get_final_response()
+        assert {"response.reasoning_text.delta", "response.function_call_arguments.done"} <= set(kinds), kinds
+    else:
+        response = parser_server.responses.create(**kwargs)
+    reasoning, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text.isalpha()
+    assert call.type == "function_call" and call.name == "get_weather" and json.loads(call.arguments)["unit"] == "c"
+    assert call.call_id.startswith("call_") and response.status == "completed"

@@ -68,9 +68,13 @@ def openapi_document(app: FastAPI, config: ServerConfig, max_model_len: int, voc
                 statuses += (404, 408, 413)
             if path == "/v1/models/{model_id}":
                 statuses = (401, 404, 503)
-            if path in ("/v1/completions", "/v1/chat/completions"):
+            if path.startswith("/v1/responses/"):  # no response is kept: every id is unknown
+                del responses["200"]
+                statuses = (401, 404, 503) + ((400, 408, 413) if method == "post" else ())
+            if path in ("/v1/completions", "/v1/chat/completions", "/v1/responses"):
                 statuses += (504,)
-                # With stream: true, server-sent events: each a chunk (or an error) object, the last "[DONE]".
+                # With stream: true, server-sent events: each a chunk (or an error) object, the last "[DONE]" (the
+                # Responses API's: named events, and no "[DONE]").
                 responses["200"]["content"]["text/event-stream"] = {
                     "schema": {"anyOf": [{"type": "object"}, {"type": "string", "enum": ["[DONE]"]}]}
                 }
@@ -102,10 +106,14 @@ def _request_ranges(schemas: dict, config: ServerConfig, max_model_len: int, voc
     for name, ranges in (
         ("CompletionRequest", {**shared, "logprobs": logprobs, "best_of": {"minimum": 1}}),
         ("ChatCompletionRequest", {**shared, "max_completion_tokens": max_tokens, "top_logprobs": logprobs}),
-    ):
+        ("ResponsesRequest", {**{k: v for k, v in shared.items() if k not in ("n", "min_tokens", "max_tokens")},
+                              "max_output_tokens": max_tokens, "top_logprobs": logprobs}),
+    ):  # fmt: skip
         properties = schemas[name]["properties"]
         for field, constraints in ranges.items():
             _non_null(properties[field]).update(constraints)
+        if name == "ResponsesRequest":
+            continue
         _non_null(properties["stop_token_ids"])["items"] = token_id
         stop = properties["stop"]
         stop.update(

@@ -44,8 +44,10 @@ from brisk.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from brisk.entrypoints.openai.responses_protocol import ResponsesRequest
 from brisk.entrypoints.openai.serving_chat import OpenAIServingChat
 from brisk.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from brisk.entrypoints.openai.serving_responses import OpenAIServingResponses
 from brisk.entrypoints.openai.serving_tokenize import OpenAIServingTokenization
 
 logger = logging.getLogger("brisk.server")
@@ -86,6 +88,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
     tokenizer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisk-tokenizer")
     completions = OpenAIServingCompletion(engine, config, tokenizer_pool)
     chat = OpenAIServingChat(engine, config, tokenizer_pool)
+    responses = OpenAIServingResponses(chat)
     tokenization = OpenAIServingTokenization(engine, config, tokenizer_pool)
     metrics = metrics if metrics is not None else engine.metrics
 
@@ -124,6 +127,20 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
         """Chat completions (the model's chat template renders the messages)."""
         return await chat.create(body)
 
+    @app.post("/v1/responses")
+    @with_cancellation
+    async def create_response(body: ResponsesRequest, raw_request: Request) -> Response:
+        """OpenAI's Responses API (text and function calls); ``stream: true`` answers its named events."""
+        return await responses.create(body)
+
+    @app.get("/v1/responses/{response_id}")
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def stored_response(response_id: str) -> Response:
+        """brisk keeps no responses (vLLM keeps none either, unless told to): every id is unknown."""
+        raise OpenAIError(
+            f"Response with id '{response_id}' not found: brisk keeps no responses.", status_code=404, code="not_found"
+        )
+
     def _card(name: str) -> ModelCard:
         return ModelCard(id=name, created=created, root=config.model_name, max_model_len=engine.max_model_len)
 
@@ -134,9 +151,7 @@ def build_app(engine: AsyncLLM, config: ServerConfig, metrics: EngineMetrics | N
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard)
     async def get_model(model_id: str) -> ModelCard:
         if model_id not in config.served_model_names:
-            raise OpenAIError(
-                f"The model '{model_id}' does not exist.", status_code=404, code="model_not_found"
-            )
+            raise OpenAIError(f"The model '{model_id}' does not exist.", status_code=404, code="model_not_found")
         return _card(model_id)
 
     @app.post("/tokenize", response_model=TokenizeResponse)
@@ -256,14 +271,10 @@ async def _end_in_flight_after(engine: AsyncLLM, seconds: float) -> None:
     await engine.shutdown()
 
 
-def run_server(
-    engine_args: Any, config: ServerConfig, *, uvicorn_log_level: str = "info", access_log: bool = True
-):
+def run_server(engine_args: Any, config: ServerConfig, *, uvicorn_log_level: str = "info", access_log: bool = True):
     import uvicorn
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     warning = security_warning(config.host, config.api_key)
     if warning:
         logger.warning("%s", warning)

@@ -77,7 +77,7 @@ class OpenAIServingChat(OpenAIServing):
             **fields,
         )
 
-    def _parsers(self) -> tuple[ToolParser | None, ReasoningParser | None]:
+    def parsers(self) -> tuple[ToolParser | None, ReasoningParser | None]:
         """Fresh parsers for one choice (streaming parsers keep state)."""
         tool = TOOL_PARSERS[self.config.tool_call_parser](self.tokenizer) if self.config.tool_call_parser else None
         reasoning = REASONING_PARSERS[self.config.reasoning_parser]() if self.config.reasoning_parser else None
@@ -87,25 +87,7 @@ class OpenAIServingChat(OpenAIServing):
         model = self.check_model(req.model)
         self.check_n(req.n)
         self.check_stream_options(req.stream, req.stream_options)
-        if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
-            raise bad_request(
-                "continue_final_message continues the last assistant message, so no generation prompt can follow: "
-                "drop 'add_generation_prompt': true.",
-                param="add_generation_prompt",
-            )
-        mode = tool_mode(req, self.config.enable_auto_tool_choice)
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        _, prompt_ids = await self.render_chat(
-            req.messages,
-            req.add_generation_prompt,
-            req.continue_final_message,
-            tools=tools,
-            template_kwargs=template_kwargs(req),
-            add_special_tokens=req.add_special_tokens,
-        )
-        prompt_ids = self.truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side)
-        self.check_prompt_length(len(prompt_ids), "messages")
-        params = self._params(req, len(prompt_ids), mode)
+        prompt_ids, params, mode = await self.prepare(req)
         ids = ResponseIds.new("chatcmpl", model, req.request_id)
         echo = req.messages[-1].text() if req.echo and req.messages[-1].role == "assistant" else ""
         stream = await self.submit(ids.id, prompt_ids, params, req.cache_salt)
@@ -115,12 +97,7 @@ class OpenAIServingChat(OpenAIServing):
         k = ALL if req.logprob_token_ids else req.top_logprobs or 0
         choices = []
         for c in output.outputs:
-            tool_parser, reasoning_parser = self._parsers()
-            reasoning, text = None, c.text
-            if reasoning_parser is not None:
-                split = reasoning_parser.split(text)
-                reasoning, text = split.reasoning if req.include_reasoning else None, split.content or ""
-            content, calls = mode.calls(text, tool_parser)
+            reasoning, content, calls = self.parse_reply(req, mode, c.text)
             logprobs = None
             if req.logprobs:
                 tokens = chat_logprobs(self.logprobs_tokenizer(req), c.token_ids, c.logprobs or [], k)
@@ -154,6 +131,40 @@ class OpenAIServingChat(OpenAIServing):
             exclude |= {"prompt_token_ids": True, "choices": {"__all__": {"token_ids"}}}
         return JSONResponse(response.model_dump(exclude=exclude))
 
+    def parse_reply(self, req: ChatCompletionRequest, mode: ToolMode, text: str) -> tuple[str | None, str | None, list]:
+        """A finished reply's reasoning (with ``--reasoning-parser`` and ``include_reasoning``), content and tool
+        calls (``ToolCall``s, by the tool mode and ``--tool-call-parser``)."""
+        tool_parser, reasoning_parser = self.parsers()
+        reasoning = None
+        if reasoning_parser is not None:
+            split = reasoning_parser.split(text)
+            reasoning, text = split.reasoning if req.include_reasoning else None, split.content or ""
+        content, calls = mode.calls(text, tool_parser)
+        return reasoning, content, calls
+
+    async def prepare(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams, ToolMode]:
+        """The prompt's token ids (the messages rendered by the chat template, truncated as asked and checked
+        against the context), the sampling parameters and the tool mode of a chat request."""
+        if req.continue_final_message and req.add_generation_prompt and "add_generation_prompt" in req.model_fields_set:
+            raise bad_request(
+                "continue_final_message continues the last assistant message, so no generation prompt can follow: "
+                "drop 'add_generation_prompt': true.",
+                param="add_generation_prompt",
+            )
+        mode = tool_mode(req, self.config.enable_auto_tool_choice)
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        _, prompt_ids = await self.render_chat(
+            req.messages,
+            req.add_generation_prompt,
+            req.continue_final_message,
+            tools=tools,
+            template_kwargs=template_kwargs(req),
+            add_special_tokens=req.add_special_tokens,
+        )
+        prompt_ids = self.truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side)
+        self.check_prompt_length(len(prompt_ids), "messages")
+        return prompt_ids, self._params(req, len(prompt_ids), mode), mode
+
     async def _stream(
         self,
         req: ChatCompletionRequest,
@@ -170,7 +181,7 @@ class OpenAIServingChat(OpenAIServing):
         sent_tokens = [0] * n
         num_calls = [0] * n
         done = [False] * n
-        parsers = [self._parsers() for _ in range(n)]
+        parsers = [self.parsers() for _ in range(n)]
         reasoning_streams = [ReasoningStream(r) if r is not None else None for _, r in parsers]
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous_usage = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -213,7 +224,8 @@ class OpenAIServingChat(OpenAIServing):
                         content = chat_logprobs(self.logprobs_tokenizer(req), new_ids, positions, k)
                         logprobs = {"content": [t.model_dump() for t in content]}
                     sent_tokens[i] = len(c.token_ids)
-                    delta = self._delta(c.text, finished, sent_chars, i, mode, parsers[i][0], reasoning_streams[i])
+                    tool_parser, reasoning = parsers[i][0], reasoning_streams[i]
+                    delta = self.stream_delta(c.text, finished, sent_chars, i, mode, tool_parser, reasoning)
                     if not req.include_reasoning:
                         delta.pop("reasoning_content", None)
                     calls = delta.pop("tool_calls", [])
@@ -242,7 +254,7 @@ class OpenAIServingChat(OpenAIServing):
             stream.abort()
 
     @staticmethod
-    def _delta(
+    def stream_delta(
         text: str,
         finished: bool,
         sent_chars: list[int],

@@ -57,6 +57,11 @@ def sse(data: dict[str, Any]) -> str:
     return f"data: {_SSE_ENCODER.encode(data)}\n\n"
 
 
+def sse_event(kind: str, data: dict[str, Any]) -> str:
+    """A named server-sent event (the Responses API's: ``event: TYPE`` before the data)."""
+    return f"event: {kind}\ndata: {_SSE_ENCODER.encode(data)}\n\n"
+
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -513,16 +518,19 @@ def engine_error(exc: BaseException) -> OpenAIError:
     return OpenAIError(str(exc), status_code=500, code="engine_error")
 
 
-def error_event(exc: BaseException) -> str:
-    """An error in the middle of a stream (headers already sent): an OpenAI-style error as an SSE event."""
+def stream_error(exc: BaseException) -> OpenAIError:
+    """An error in the middle of a stream (headers already sent), as the OpenAI error to report in-band."""
     if isinstance(exc, OpenAIError):
-        err = exc
-    elif isinstance(exc, (EngineError, RequestTimeoutError)):
-        err = engine_error(exc)
-    else:
-        logger.error("Unexpected error in a stream", exc_info=exc)
-        err = OpenAIError(f"Internal server error ({type(exc).__name__}): {exc}", status_code=500)
-    return sse(err.to_dict())
+        return exc
+    if isinstance(exc, (EngineError, RequestTimeoutError)):
+        return engine_error(exc)
+    logger.error("Unexpected error in a stream", exc_info=exc)
+    return OpenAIError(f"Internal server error ({type(exc).__name__}): {exc}", status_code=500)
+
+
+def error_event(exc: BaseException) -> str:
+    """An error in the middle of a stream: an OpenAI-style error as an SSE event."""
+    return sse(stream_error(exc).to_dict())
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
