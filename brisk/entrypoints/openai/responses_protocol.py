@@ -11,7 +11,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from brisk.entrypoints.openai.protocol import ChatCompletionRequest, RepetitionDetection, _Body, _Request
+from brisk.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    FunctionDefinition,
+    RepetitionDetection,
+    _Body,
+    _Request,
+)
 
 # ``include`` values vLLM accepts: the one that asks for something (logprobs) is implemented; the others name
 # outputs of tools and inputs a text model never has, so they ask for nothing here.
@@ -84,12 +90,10 @@ class ReasoningItem(_Request):
 InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 
-class FunctionTool(_Request):
+class FunctionTool(FunctionDefinition):
+    """A chat tool's function, flattened (the Responses API has no ``function`` wrapper)."""
+
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class FunctionToolChoice(_Request):
