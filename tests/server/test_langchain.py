@@ -48,3 +48,33 @@ def test_bind_tools_round_trip(chat):
     messages += [reply, ToolMessage(f"sunny in {call['args']['city']}", tool_call_id=call["id"])]
     answer = chat.bind_tools([GetWeather], tool_choice="none").invoke(messages)
     assert isinstance(answer.content, str) and not answer.tool_calls
+
+
+def responses_model(server, max_tokens: int):
+    """The same chat model over OpenAI's Responses API (``/v1/responses``)."""
+    return langchain_openai.ChatOpenAI(
+        model=MODEL_NAME, base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0, timeout=120,
+        temperature=1.0, max_tokens=max_tokens, use_responses_api=True, extra_body={"seed": 5},
+    )  # fmt: skip
+
+
+def test_responses_api_text_stream_structured_output_and_tools(server):
+    """What langchain sends over the Responses API: a reply, a stream of it, structured output, and a tool round
+    trip (the call's item, then the tool's result as a function_call_output)."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    short, responses_chat = responses_model(server, 6), responses_model(server, 300)
+    reply = short.invoke("Hello")
+    assert isinstance(reply.text, str) and reply.text and reply.usage_metadata["output_tokens"] <= 6
+    streamed = "".join(chunk.text for chunk in short.stream("Hello"))
+    assert streamed
+    city = responses_chat.with_structured_output(City).invoke("Name a city.")
+    assert isinstance(city, City)
+    with_tools = responses_chat.bind_tools([GetWeather], tool_choice="GetWeather")
+    messages = [HumanMessage("What is the weather in Paris?")]
+    call_reply = with_tools.invoke(messages)
+    [call] = call_reply.tool_calls
+    assert call["name"] == "GetWeather" and set(call["args"]) == {"city"}
+    messages += [call_reply, ToolMessage(f"sunny in {call['args']['city']}", tool_call_id=call["id"])]
+    answer = short.bind_tools([GetWeather], tool_choice="none").invoke(messages)
+    assert isinstance(answer.text, str) and not answer.tool_calls
