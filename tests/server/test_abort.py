@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.server.conftest import MODEL_NAME
 
@@ -33,18 +34,18 @@ def _busy(server, timeout: float = 10.0) -> dict[str, float]:
         time.sleep(0.02)
 
 
-def test_stream_disconnect_aborts(server):
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 400}),
+        ("/v1/responses", {"input": "Once upon a time", "max_output_tokens": 400}),
+    ],
+)
+def test_stream_disconnect_aborts(server, path, fields):
     idle = _wait_idle(server, idle_kv=1.0)
     idle_kv = idle[KV]
-    body = {
-        "model": MODEL_NAME,
-        "prompt": "Once upon a time",
-        "max_tokens": 400,
-        "ignore_eos": True,
-        "temperature": 0,
-        "stream": True,
-    }
-    with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+    body = {"model": MODEL_NAME, **fields, "ignore_eos": True, "temperature": 0, "stream": True}
+    with server.client() as http, http.stream("POST", path, json=body) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         got = 0
