@@ -19,10 +19,11 @@ def client(server):
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0, timeout=60)
 
 
-def chat_reply(client, messages: list[dict], **kwargs):
+def chat_reply(client, messages: list[dict], extra_body: dict | None = None, **kwargs):
     return client.chat.completions.create(
-        model=MODEL_NAME, messages=messages, temperature=0, max_tokens=8, extra_body={"ignore_eos": True}, **kwargs
-    )
+        model=MODEL_NAME, messages=messages, temperature=0, max_tokens=8,
+        extra_body={"ignore_eos": True, **(extra_body or {})}, **kwargs,
+    )  # fmt: skip
 
 
 def collapsed(kinds: list[str]) -> list[str]:
@@ -86,10 +87,32 @@ def test_input_items_are_the_chat_conversation(client):
          "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]  # fmt: skip
-    chat_tool = {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
-    chat = chat_reply(client, messages, tools=[chat_tool], tool_choice="none")
+    chat = chat_reply(client, messages)  # tool_choice "none": the prompt shows no tools, as vLLM's
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
+def test_an_unfinished_assistant_message_is_continued(client):
+    """A last assistant message whose status is ``incomplete`` (a reply cut short) goes on, as chat's
+    ``continue_final_message``; a finished one starts a new turn."""
+    cut = {"type": "message", "role": "assistant", "content": "The answer is", "status": "incomplete"}
+    response = client.responses.create(input=[{"role": "user", "content": "hi"}, cut], **GREEDY)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"}]
+    chat = chat_reply(client, messages, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    done = client.responses.create(input=[{"role": "user", "content": "hi"}, {**cut, "status": "completed"}], **GREEDY)
+    assert done.usage.input_tokens > response.usage.input_tokens
+
+
+def test_truncation_auto_leaves_room_for_the_reply(client, server):
+    """``truncation: "auto"`` keeps the input's last tokens, as many as fit beside ``max_output_tokens``."""
+    long_input = "pack my box with five dozen liquor jugs " * 60
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.responses.create(model=MODEL_NAME, input=long_input, max_output_tokens=8)
+    response = client.responses.create(input=long_input, truncation="auto", **GREEDY)
+    max_model_len = client.models.list().data[0].max_model_len
+    assert response.usage.input_tokens == max_model_len - 8 and response.usage.output_tokens == 8
 
 
 class City(BaseModel):

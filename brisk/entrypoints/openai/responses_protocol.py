@@ -1,6 +1,7 @@
 """The request of OpenAI's Responses API (``POST /v1/responses``), as vLLM 0.26 serves it for text models, and its
 translation into a chat request: ``instructions`` become the first, system message; ``input`` (a string, or a
-list of message, function-call and function-call-output items) the conversation after it. brisk keeps no
+list of message, function-call and function-call-output items) the conversation after it, whose last assistant
+message, when unfinished (``in_progress`` or ``incomplete``), the reply continues. brisk keeps no
 responses (vLLM does not either, unless told to), so ``store`` is echoed as false and ``previous_response_id`` and
 ``background`` are refused: send the whole conversation in ``input``.
 """
@@ -201,7 +202,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The conversation as chat messages: the instructions, then the input; a call joins the assistant message
     before it (a reply and its calls are one turn), a call's output becomes a tool message."""
     messages: list[dict[str, Any]] = []
-    if req.instructions is not None:
+    if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
     if isinstance(req.input, str):
         return [*messages, {"role": "user", "content": req.input}]
@@ -241,7 +242,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     chat["max_completion_tokens"] = req.max_output_tokens
     if req.wants_logprobs():
         chat["logprobs"], chat["top_logprobs"] = True, req.top_logprobs or 0
-    if req.tools:
+    if req.tools and req.tool_choice != "none":  # "none": the prompt shows no tools (vLLM's rule here)
         chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"})} for tool in req.tools]
         choice = req.tool_choice
         chat["tool_choice"] = (
@@ -254,6 +255,7 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         chat["response_format"] = {"type": form.type, **({"json_schema": schema} if form.type == "json_schema" else {})}
     if req.reasoning is not None and req.reasoning.effort is not None:
         chat["reasoning_effort"] = req.reasoning.effort
-    if req.truncation == "auto":
-        chat["truncate_prompt_tokens"] = -1
+    last = req.input[-1] if isinstance(req.input, list) else None
+    if isinstance(last, MessageItem) and last.role == "assistant" and last.status in ("in_progress", "incomplete"):
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False  # the reply goes on
     return ChatCompletionRequest.model_validate(chat)

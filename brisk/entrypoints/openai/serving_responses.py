@@ -198,6 +198,8 @@ class OpenAIServingResponses:
             error = exc.errors()[0]
             where = ".".join(str(part) for part in error["loc"])
             raise _renamed(bad_request(f"'{where}': {error['msg']}", param=where)) from None
+        if req.truncation == "auto":  # keep the input's last tokens, leaving room for the reply (vLLM's rule)
+            chat.truncate_prompt_tokens = max(1, self.chat.max_model_len - (req.max_output_tokens or 1))
         try:
             model = self.chat.check_model(chat.model)
             prompt_ids, params, mode = await self.chat.prepare(chat)
@@ -212,10 +214,9 @@ class OpenAIServingResponses:
         reasoning, content, calls = self.chat.parse_reply(chat, mode, completion.text)
         if reasoning is not None:
             reply.items.append({**_reasoning(_item_id("rs"), reasoning), "status": "completed"})
-        if content or not calls:
+        if content:
             logprobs = reply.logprobs(self.chat, completion.token_ids, completion.logprobs or [])
-            parts = [_text_part(content, logprobs)] if content else []
-            reply.items.append(_message(_item_id("msg"), parts, "completed"))
+            reply.items.append(_message(_item_id("msg"), [_text_part(content, logprobs)], "completed"))
         reply.items.extend(_function_call(call, "completed") for call in calls)
         return JSONResponse(reply.body(_status(completion), self.usage(output)))
 
