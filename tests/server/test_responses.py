@@ -80,6 +80,10 @@ def test_input_items_are_the_chat_conversation(client):
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny, 21 C"},
     ]  # fmt: skip
     response = client.responses.create(input=items, tools=[tool], tool_choice="none", **GREEDY)
+    parts = [{"type": "input_text", "text": "sunny, "}, {"type": "input_text", "text": "21 C"}]
+    as_parts = client.responses.create(input=[*items[:-1], {**items[-1], "output": parts}], tools=[tool],
+                                       tool_choice="none", **GREEDY)  # fmt: skip
+    assert as_parts.output_text == response.output_text
     messages = [
         {"role": "developer", "content": "Answer in French."},
         {"role": "user", "content": "Weather in Paris?"},

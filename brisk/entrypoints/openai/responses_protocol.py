@@ -71,9 +71,12 @@ class FunctionCallOutputItem(_Request):
 
     type: Literal["function_call_output"]
     call_id: str
-    output: str
+    output: str | list[InputTextPart]
     id: str | None = None
     status: str | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
 
 
 class ReasoningItem(_Request):
@@ -88,7 +91,10 @@ class ReasoningItem(_Request):
     status: str | None = None
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+# Told apart by ``type``, so that a bad item's error names its own fields.
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")
+]
 
 
 class FunctionTool(FunctionDefinition):
@@ -221,7 +227,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
-            messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+            messages.append({"role": "tool", "content": item.text(), "tool_call_id": item.call_id})
     return messages
 
 
