@@ -37,7 +37,8 @@ def test_with_structured_output(chat):
     assert isinstance(city, City)
 
 
-def test_bind_tools_round_trip(chat):
+def tool_round_trip(chat, answering_chat) -> None:
+    """The call (forced by a named tool choice), the tool's result, then the answer (no tools chosen)."""
     from langchain_core.messages import HumanMessage, ToolMessage
 
     with_tools = chat.bind_tools([GetWeather], tool_choice="GetWeather")
@@ -46,8 +47,12 @@ def test_bind_tools_round_trip(chat):
     [call] = reply.tool_calls
     assert call["name"] == "GetWeather" and set(call["args"]) == {"city"}
     messages += [reply, ToolMessage(f"sunny in {call['args']['city']}", tool_call_id=call["id"])]
-    answer = chat.bind_tools([GetWeather], tool_choice="none").invoke(messages)
-    assert isinstance(answer.content, str) and not answer.tool_calls
+    answer = answering_chat.bind_tools([GetWeather], tool_choice="none").invoke(messages)
+    assert isinstance(answer.text, str) and not answer.tool_calls
+
+
+def test_bind_tools_round_trip(chat):
+    tool_round_trip(chat, chat)
 
 
 def responses_model(server, max_tokens: int):
@@ -61,8 +66,6 @@ def responses_model(server, max_tokens: int):
 def test_responses_api_text_stream_structured_output_and_tools(server):
     """What langchain sends over the Responses API: a reply, a stream of it, structured output, and a tool round
     trip (the call's item, then the tool's result as a function_call_output)."""
-    from langchain_core.messages import HumanMessage, ToolMessage
-
     short, responses_chat = responses_model(server, 6), responses_model(server, 300)
     reply = short.invoke("Hello")
     assert isinstance(reply.text, str) and reply.text and reply.usage_metadata["output_tokens"] <= 6
@@ -70,11 +73,4 @@ def test_responses_api_text_stream_structured_output_and_tools(server):
     assert streamed
     city = responses_chat.with_structured_output(City).invoke("Name a city.")
     assert isinstance(city, City)
-    with_tools = responses_chat.bind_tools([GetWeather], tool_choice="GetWeather")
-    messages = [HumanMessage("What is the weather in Paris?")]
-    call_reply = with_tools.invoke(messages)
-    [call] = call_reply.tool_calls
-    assert call["name"] == "GetWeather" and set(call["args"]) == {"city"}
-    messages += [call_reply, ToolMessage(f"sunny in {call['args']['city']}", tool_call_id=call["id"])]
-    answer = short.bind_tools([GetWeather], tool_choice="none").invoke(messages)
-    assert isinstance(answer.text, str) and not answer.tool_calls
+    tool_round_trip(responses_chat, short)

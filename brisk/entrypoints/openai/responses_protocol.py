@@ -43,52 +43,55 @@ class InputTextPart(_Request):
     logprobs: list[Any] | None = None
 
 
-class MessageItem(_Request):
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[InputTextPart]
+def _joined(content: str | list[InputTextPart]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+class _Item(_Request):
+    """What every input item may carry from the response it came from."""
+
     id: str | None = None
     status: str | None = None
 
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputTextPart]
+
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
-class FunctionCallItem(_Request):
+class FunctionCallItem(_Item):
     """A call the model made in an earlier turn (a previous response's output item)."""
 
     type: Literal["function_call"]
     call_id: str
     name: str
     arguments: str
-    id: str | None = None
-    status: str | None = None
     namespace: str | None = None
 
 
-class FunctionCallOutputItem(_Request):
+class FunctionCallOutputItem(_Item):
     """The client's result of a call, matched to it by ``call_id``."""
 
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[InputTextPart]
-    id: str | None = None
-    status: str | None = None
 
     def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
+        return _joined(self.output)
 
 
-class ReasoningItem(_Request):
+class ReasoningItem(_Item):
     """A previous response's reasoning: accepted in ``input``, not shown to the model again (chat templates drop
     earlier turns' reasoning too)."""
 
     type: Literal["reasoning"]
-    id: str | None = None
     summary: list[Any] = Field(default_factory=list)
     content: list[Any] | None = None
     encrypted_content: str | None = None
-    status: str | None = None
 
 
 # Told apart by ``type``, so that a bad item's error names its own fields.
