@@ -251,7 +251,9 @@ def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     chat["max_completion_tokens"] = req.max_output_tokens
     if req.wants_logprobs():
         chat["logprobs"], chat["top_logprobs"] = True, req.top_logprobs or 0
-    if req.tools and req.tool_choice != "none":  # "none": the prompt shows no tools (vLLM's rule here)
+    # "none" shows the prompt no tools (vLLM's rule here); the default "auto" without tools asks for nothing, and
+    # any other choice without tools is the chat request's error.
+    if req.tool_choice != "none" and (req.tools or req.tool_choice != "auto"):
         chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"})} for tool in req.tools]
         choice = req.tool_choice
         chat["tool_choice"] = (

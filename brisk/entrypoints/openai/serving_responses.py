@@ -67,16 +67,12 @@ def check_responses_fields(req: ResponsesRequest) -> None:
         raise bad_request("'text.verbosity' is not supported: only 'medium' (the default).", param="text.verbosity")
     if req.reasoning is not None and {req.reasoning.summary, req.reasoning.generate_summary} - {None, "auto"}:
         raise bad_request("'reasoning.summary' is not supported: brisk writes no summaries.", param="reasoning")
-    if not req.tools and req.tool_choice not in ("auto", "none"):
-        raise bad_request("'tool_choice' needs 'tools'.", param="tool_choice")
     if req.enable_response_messages:
         raise bad_request("'enable_response_messages' is not supported.", param="enable_response_messages")
     if req.previous_input_messages:
         raise bad_request("'previous_input_messages' is not supported.", param="previous_input_messages")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
         raise bad_request(f"'top_logprobs' must be in [0, {MAX_LOGPROBS}].", param="top_logprobs")
-    if req.stream_options is not None and not req.stream:
-        raise bad_request("'stream_options' needs 'stream': true.", param="stream_options")
 
 
 def _renamed(exc: OpenAIError) -> OpenAIError:
@@ -192,6 +188,7 @@ class OpenAIServingResponses:
 
     async def create(self, req: ResponsesRequest) -> Response:
         check_responses_fields(req)
+        self.chat.check_stream_options(req.stream, req.stream_options)
         try:
             chat = to_chat_request(req)
         except ValidationError as exc:  # a value the chat request refuses (the Responses request let it through)
