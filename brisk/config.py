@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from brisk.json_config import json_config, reads_without_transformers
 from brisk.layers.quantization import QUANTIZATION_METHODS
 from brisk.layers.quantization.kv_cache import KV_CACHE_DTYPES
 from brisk.spec_decode.config import SpeculativeConfig
@@ -282,20 +283,26 @@ def resolve_dtype(dtype: str, hf_config, device: torch.device) -> torch.dtype:
 
 
 def read_hf_config(folder: Path, trust_remote_code: bool = False):
-    """Load the folder's config with transformers (it knows every field's defaults); ``trust_remote_code`` lets
-    it run a config class the folder ships (``auto_map``)."""
+    """The folder's config: read directly for the families brisk implements (``brisk.json_config``: importing
+    transformers is most of start-up), else with transformers' ``AutoConfig``, which knows every other config's
+    defaults; ``trust_remote_code`` lets it run a config class the folder ships (``auto_map``)."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json; is it an HF-style model folder?")
+    try:
+        fields = json.loads(config_path.read_text())
+    except ValueError:
+        fields = None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{config_path} is not a JSON object; is the file complete?")
+    if reads_without_transformers(fields, trust_remote_code):
+        return json_config(fields)
     from transformers import AutoConfig
 
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} has no config.json; is it an HF-style model folder?")
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as exc:
-        try:
-            model_type = json.loads((folder / "config.json").read_text()).get("model_type")
-        except (ValueError, AttributeError):
-            raise ValueError(f"{folder}/config.json is not a JSON object; is the file complete?") from None
-        raise ValueError(f"Cannot read {folder}/config.json (model_type={model_type!r}): {exc}") from exc
+        raise ValueError(f"Cannot read {config_path} (model_type={fields.get('model_type')!r}): {exc}") from exc
 
 
 @dataclass

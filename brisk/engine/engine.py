@@ -30,7 +30,7 @@ from brisk.engine.kv_cache_manager import KVCacheManager
 from brisk.engine.request import Request, RequestStatus
 from brisk.engine.scheduler import Scheduler, SchedulerOutput, SchedulerStats
 from brisk.engine.step_timeline import StepTimeline
-from brisk.engine.tokenizer import load_tokenizer
+from brisk.engine.tokenizer import load_tokenizer_in_background
 from brisk.executor import create_executor
 from brisk.layers.attention import ATTENTION_BACKENDS, FP8_KV_BACKENDS, default_backend
 from brisk.layers.quantization import get_quantization_config
@@ -97,14 +97,12 @@ class LLMEngine:
         self.model_config.trust_remote_code = args.trust_remote_code
         self.max_model_len = self.model_config.max_model_len
         # Random weights need no tokenizer (prompts of token ids), unless one was asked for.
-        self.tokenizer = load_tokenizer(
+        tokenizer = load_tokenizer_in_background(
             args.tokenizer or path,
             optional=args.load_format == "dummy" and args.tokenizer is None,
             trust_remote_code=args.trust_remote_code,
         )
-        self.eos_token_ids = self._eos_token_ids(path, hf_config)
         self.default_sampling_fields = default_sampling_fields(path, args.generation_config)
-        self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
 
         backend = args.attention_backend or default_backend(self.device)
         if backend not in ATTENTION_BACKENDS:
@@ -123,7 +121,7 @@ class LLMEngine:
         self.max_num_batched_tokens = args.max_num_batched_tokens or default_max_num_batched_tokens(
             self.device, args.serving
         )
-        self.startup_seconds["config and tokenizer"] = time.perf_counter() - started
+        self.startup_seconds["config"] = time.perf_counter() - started
         with self._startup_phase("weights"):
             self.model_runner = create_executor(args, self.model_config, self.device, backend)
             self.speculative_config = args.parsed_speculative_config()
@@ -136,6 +134,10 @@ class LLMEngine:
         with self._startup_phase("step buffers and CUDA graphs"):
             k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
             self.model_runner.init_step_buffers(self.max_num_batched_tokens, args.max_num_seqs, args.enforce_eager, k)
+        with self._startup_phase("tokenizer"):  # what of its loading the phases above did not hide
+            self.tokenizer = tokenizer.result()
+        self.eos_token_ids = self._eos_token_ids(path, hf_config)
+        self.constraints = RequestConstraints(self.tokenizer, hf_config.vocab_size, self.eos_token_ids)
         self._new_scheduler(num_blocks)
         self._parents: dict[str, _ParentRequest] = {}
         self.async_scheduling = (

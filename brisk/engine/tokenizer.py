@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,24 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code: bool = False) -> Future:
+    """:func:`load_tokenizer` on a thread; the future holds the tokenizer or the error.
+
+    Loading a tokenizer imports transformers, seconds of start-up (8 on some GPU hosts) that need nothing but the
+    tokenizer's files, so the engine loads its weights and builds its KV cache meanwhile. The thread imports
+    modules the engine's own thread does not (transformers, huggingface_hub, tokenizers, jinja2)."""
+    future: Future = Future()
+
+    def load() -> None:
+        try:
+            future.set_result(load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code))
+        except BaseException as exc:  # raised again by future.result() in the engine's thread
+            future.set_exception(exc)
+
+    threading.Thread(target=load, name="brisk-tokenizer-load", daemon=True).start()
+    return future
 
 
 def template_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -192,18 +192,17 @@ def quiet_startup(verbose: bool) -> None:
     """Nothing but the model's text on stdout: no progress bars, transformers warnings only as errors."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if not verbose:
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if not verbose:  # read by transformers when it is imported (only if a tokenizer or a foreign config needs it)
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        if "transformers" in sys.modules:  # imported already: too late for the environment
+            transformers = sys.modules["transformers"]
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    if not verbose:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
 
 
 def _one_sequence_kv_bytes(engine_args) -> int | None:
