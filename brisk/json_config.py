@@ -92,7 +92,7 @@ def json_config(fields: dict[str, Any]) -> JsonConfig:
         config["num_key_value_heads"] = config["num_attention_heads"]
     if "head_dim" in config and config["head_dim"] is None:
         config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
-    if "use_sliding_window" in config:  # Qwen: a window only when asked for, on layers from max_window_layers on
+    if config["model_type"] in ("qwen2", "qwen3"):  # a window only when asked for, from layer max_window_layers on
         if not config["use_sliding_window"]:
             config["sliding_window"] = None
         if config["layer_types"] is None:

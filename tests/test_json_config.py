@@ -71,6 +71,12 @@ CONFIGS = {
     "qwen3 without head_dim": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], **SMALL},
     "mistral 7b v0.1": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 4096},
     "mistral v0.3": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": None},
+    "mistral with use_sliding_window false": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "sliding_window": 64,
+        "use_sliding_window": False,
+    },
     "llama gptq": {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
