@@ -1,7 +1,7 @@
 """What one speculative step costs on the GPU, at the real pair's shapes with random weights.
 
     python benchmarks/spec_step_cost.py [--target qwen2.5-coder-1.5b-shape] [--draft qwen2.5-coder-0.5b-shape]
-        [--k 2 4 6] [--batch-size 1 8 32] [--max-tokens 128] [--json FILE]
+        [--k 2 4 6] [--batch-size 1 8 32] [--max-tokens 128] [--methods draft_model ngram] [--json FILE]
 
 Random weights accept almost no drafts, so a speculative step emits about one token and its time is what a step
 that proposes ``k`` drafts costs (for a draft model its ``k`` passes and its mirror of the step, then the
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--methods", nargs="+", choices=("draft_model", "ngram"), default=["draft_model", "ngram"])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="brisk-spec-shapes-"))
@@ -62,14 +63,17 @@ def main() -> None:
     rng = random.Random(0)
     vocab = json.loads((Path(target) / "config.json").read_text())["vocab_size"]
     prompts = [[rng.randrange(vocab) for _ in range(PROMPT_LEN)] for _ in range(8)]
-    configs = [None] + [
-        {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "disable_by_batch_size": None}
-        for k in args.k
-    ]
-    configs += [
-        {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "disable_by_batch_size": None}
-        for k in args.k
-    ]
+    configs = [None]
+    if "draft_model" in args.methods:
+        configs += [
+            {"method": "draft_model", "model": draft, "num_speculative_tokens": k, "disable_by_batch_size": None}
+            for k in args.k
+        ]
+    if "ngram" in args.methods:
+        configs += [
+            {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "disable_by_batch_size": None}
+            for k in args.k
+        ]
     engine = {"load_format": "dummy", "max_model_len": 4096, "max_num_seqs": max(args.batch_size)}
     plain: dict[int, float] = {}
     results = []

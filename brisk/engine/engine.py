@@ -439,8 +439,11 @@ class LLMEngine:
         so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
         request's sampling needs its whole token history on the host (penalties), and while speculative
         decoding proposes drafts: a proposer needs the last step's tokens, and the step after a verification
-        starts where its accepted drafts end, which only the read-back tells. For the same reason pipeline
-        parallelism keeps no batches in flight while the engine speculates."""
+        starts where its accepted drafts end, which only the read-back tells. The n-gram proposer often finds
+        nothing to propose; where its lookup over the tokens known so far finds nothing for any request, the
+        next step is launched ahead without drafts (a match is then acted on one step later: that step waits,
+        and the one after it carries the drafts). For the same reason pipeline parallelism keeps no batches in
+        flight while the engine speculates."""
         self.step_timer.start()
         failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
         if self.args.pipeline_parallel_size > 1 and (self._pipeline or not self._speculating()):
@@ -454,7 +457,7 @@ class LLMEngine:
                 if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                     raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
                 return failed
-        pipelined = not (self.scheduler.needs_sync or current.schedule.spec_token_ids or self._speculating())
+        pipelined = not (self.scheduler.needs_sync or current.schedule.spec_token_ids or self._drafts_expected())
         if self.async_scheduling and pipelined:
             self._in_flight = self._launch()
         return failed + self._apply(current.schedule, current.result())
@@ -479,6 +482,14 @@ class LLMEngine:
         """Whether the next step gets drafts: speculation is on and the batch is small enough for it to pay
         (the load-aware rule). Such steps run one at a time, not pipelined."""
         return self.proposer is not None and self.speculative_config.is_active(len(self.scheduler.running))
+
+    def _drafts_expected(self) -> bool:
+        """Whether the next step is to wait for this one's tokens because its proposal may have drafts: the
+        proposer may propose for a running request, judged on the tokens known now."""
+        return self._speculating() and any(
+            not request.sampling_params.has_token_constraints and self.proposer.may_propose(request)
+            for request in self.scheduler.running
+        )
 
     def _propose_drafts(self) -> None:
         """Each running request that is decoding, with nothing in flight, gets its drafts for the next step (not

@@ -138,6 +138,10 @@ class DraftModelProposer:
         the step is scheduled (the draft's passes need the slots)."""
         return [0] * min(self.num_speculative_tokens, max_tokens)
 
+    def may_propose(self, request: Request) -> bool:
+        """A draft model always has a guess."""
+        return True
+
     @torch.inference_mode()
     def draft(self, out: SchedulerOutput) -> DraftTokens:
         """The draft model's continuation of each request with placeholder drafts in ``out``, left on the device:

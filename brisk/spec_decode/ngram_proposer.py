@@ -62,6 +62,16 @@ class NgramProposer:
         start = continuation_start(self._array(request, token_ids), self.min_n, self.max_n)
         return [] if start is None else token_ids[start : start + k]
 
+    def may_propose(self, request: Request) -> bool:
+        """Whether the request's tokens known now end in an n-gram that occurs earlier (what :meth:`propose` looks
+        for). The engine asks it one step behind, with the next step's token still on the device: where no
+        request finds one, it launches that step ahead without drafts, as a plain decode (see ``LLMEngine.step``).
+        """
+        token_ids = request.all_token_ids
+        if len(token_ids) <= self.min_n:
+            return False
+        return continuation_start(self._array(request, token_ids), self.min_n, self.max_n) is not None
+
     def _array(self, request: Request, token_ids: list[int]) -> np.ndarray:
         """The request's tokens as an array: the cached one extended by the tokens appended since (rebuilt if the
         list no longer starts with what it holds, as after a truncation)."""
