@@ -19,7 +19,6 @@ _COMMON_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": False,
     "rope_theta": 10000.0,
     "rope_scaling": None,
-    "pad_token_id": None,
     "architectures": None,
 }
 _LLAMA_DEFAULTS: dict[str, Any] = {
@@ -69,9 +68,6 @@ class JsonConfig:
 
     def __init__(self, fields: dict[str, Any]):
         self.__dict__.update(fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
     def __repr__(self) -> str:
         return f"JsonConfig(model_type={self.__dict__.get('model_type')!r})"
