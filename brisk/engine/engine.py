@@ -457,8 +457,9 @@ class LLMEngine:
                 if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                     raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
                 return failed
-        pipelined = not (self.scheduler.needs_sync or current.schedule.spec_token_ids or self._drafts_expected())
-        if self.async_scheduling and pipelined:
+        if self.async_scheduling and not (
+            self.scheduler.needs_sync or current.schedule.spec_token_ids or self._drafts_expected()
+        ):
             self._in_flight = self._launch()
         return failed + self._apply(current.schedule, current.result())
 

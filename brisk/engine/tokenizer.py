@@ -45,8 +45,15 @@ def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code
     """:func:`load_tokenizer` on a thread; the future holds the tokenizer or the error.
 
     Loading a tokenizer imports transformers, seconds of start-up (8 on some GPU hosts) that need nothing but the
-    tokenizer's files, so the engine loads its weights and builds its KV cache meanwhile. The thread imports
-    modules the engine's own thread does not (transformers, huggingface_hub, tokenizers, jinja2)."""
+    tokenizer's files, so the engine loads its weights and builds its KV cache meanwhile. A required tokenizer
+    whose local folder is missing, or holds no tokenizer file, is an error at once, not after the weights."""
+    folder = os.path.expanduser(str(path))
+    looks_local = os.path.isabs(folder) or folder.startswith(".") or os.path.isdir(folder)
+    if not optional and looks_local and not any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+        raise ValueError(
+            f"Cannot load a tokenizer from {path}: "
+            + (f"it holds none of {', '.join(TOKENIZER_FILES)}" if os.path.isdir(folder) else "no such folder")
+        )
     future: Future = Future()
 
     def load() -> None:

@@ -1,5 +1,7 @@
 """Async scheduling (step N+1 launched before step N's tokens are read back) changes nothing users can see:
-same tokens, stops, logprobs and seeded samples as the synchronous engine, and no KV block outlives its request."""
+same tokens, stops, logprobs and seeded samples as the synchronous engine, and no KV block outlives its request.
+(With n-gram speculation the steps that carry drafts differ between the two, and so do seeded samples; greedy
+tokens do not: ``tests/spec_decode``.)"""
 
 import pytest
 

@@ -167,9 +167,13 @@ def test_bad_engine_arguments_name_the_field(tiny_llama, kwargs, match):
 
 def test_tokenizer_that_was_asked_for_must_load(tiny_llama, tmp_path):
     """With random weights a model folder may lack a tokenizer (prompts are token ids), but a tokenizer that was
-    named must load."""
-    with pytest.raises(ValueError, match="Cannot load a tokenizer from"):
-        LLM(tiny_llama, device="cpu", load_format="dummy", tokenizer=str(tmp_path / "missing"))
+    named must load. A missing folder, or one without tokenizer files, is refused before the weights load (the
+    tokenizer loads on a thread meanwhile): its error comes ahead of a KV cache too small to start."""
+    too_small = {"device": "cpu", "load_format": "dummy", "kv_cache_memory_bytes": 1000}
+    with pytest.raises(ValueError, match="Cannot load a tokenizer from .*missing: no such folder"):
+        LLM(tiny_llama, tokenizer=str(tmp_path / "missing"), **too_small)
+    with pytest.raises(ValueError, match="Cannot load a tokenizer from .*: it holds none of tokenizer.json"):
+        LLM(tiny_llama, tokenizer=str(tmp_path), **too_small)
     assert LLM(tiny_llama, device="cpu", load_format="dummy").engine.tokenizer is not None
 
 

@@ -103,6 +103,33 @@ def test_the_target_as_its_own_draft_accepts_everything(tiny_llama, baseline):
     assert all(o.metrics.mean_acceptance_length > 3 for o in outputs)  # k = 3; the last step may have fewer
 
 
+def test_steps_launched_ahead_keep_the_draft_kv(tiny_llama, baseline):
+    """Under async scheduling, steps in which no request takes drafts (each has a logits constraint, here a
+    logit_bias that changes nothing) are launched ahead of the last step's read-back, and the draft mirrors them as
+    it mirrors any step: a later prompt that holds the first request's prompt and output hits those blocks in the
+    prefix cache, and with the target as its own draft every one of its drafts is accepted."""
+    prompts, expected = baseline
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config, async_scheduling=True)
+    engine, step, launched_ahead = llm.engine, llm.engine.step, []
+
+    def counted_step():
+        outputs = step()
+        launched_ahead.append(engine._in_flight is not None)
+        return outputs
+
+    engine.step = counted_step
+    biased = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logit_bias={5: 0.0})
+    first = llm.generate(prompts[:2], biased, use_tqdm=False)
+    assert token_ids(first) == expected[:2]
+    assert any(launched_ahead) and not any(o.metrics.num_draft_tokens for o in first)
+    follow_up = [prompts[0] + expected[0]]
+    plain = LLM(tiny_llama, device="cpu").generate(follow_up, GREEDY, use_tqdm=False)
+    second = llm.generate(follow_up, GREEDY, use_tqdm=False)
+    assert token_ids(second) == token_ids(plain) and second[0].num_cached_tokens >= len(prompts[0])
+    assert second[0].metrics.num_accepted_tokens == second[0].metrics.num_draft_tokens > 0
+
+
 def test_sampled_drafts_are_reproducible_and_accepted(tiny_llama, baseline):
     """Sampled requests draw drafts from the draft's own distribution (q goes to the rejection sampler): with the
     target as its own draft p == q, so every draft is accepted; seeds make the run reproducible."""
