@@ -84,6 +84,12 @@ def json_config(fields: dict[str, Any]) -> JsonConfig:
     config = {**FAMILY_DEFAULTS[fields["model_type"]], **fields}
     if "torch_dtype" in config and "dtype" not in config:  # the name before transformers 4.56
         config["dtype"] = config.pop("torch_dtype")
+    scaling = config["rope_scaling"]
+    if scaling:  # transformers takes rope_scaling over rope_parameters, and a llama3 scaling's missing original
+        # length from max_position_embeddings
+        config.pop("rope_parameters", None)
+        if scaling.get("rope_type", scaling.get("type")) == "llama3":
+            config["rope_scaling"] = {"original_max_position_embeddings": config["max_position_embeddings"], **scaling}
     if config.get("num_key_value_heads") is None:
         config["num_key_value_heads"] = config["num_attention_heads"]
     if "head_dim" in config and config["head_dim"] is None:

@@ -77,6 +77,14 @@ CONFIGS = {
         "sliding_window": 64,
         "use_sliding_window": False,
     },
+    "llama3 rope without its original length": {
+        **NAMED_CONFIGS["llama-3.1-8b-shape"],
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "rope_type": "llama3"},
+    },
+    "rope_scaling beside rope_parameters": {
+        **NAMED_CONFIGS["llama-3.1-8b-shape"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
     "llama gptq": {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
