@@ -82,8 +82,6 @@ def reads_without_transformers(fields: dict[str, Any], trust_remote_code: bool) 
 def json_config(fields: dict[str, Any]) -> JsonConfig:
     """The config of a family in FAMILY_DEFAULTS, with transformers' defaults and derived fields."""
     config = {**FAMILY_DEFAULTS[fields["model_type"]], **fields}
-    if "torch_dtype" in config and "dtype" not in config:  # the name before transformers 4.56
-        config["dtype"] = config.pop("torch_dtype")
     scaling = config["rope_scaling"]
     if scaling:  # transformers takes rope_scaling over rope_parameters, and a llama3 scaling's missing original
         # length from max_position_embeddings

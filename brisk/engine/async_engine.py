@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,7 +50,7 @@ from typing import Any
 
 from brisk.engine import core_process
 from brisk.engine.request_stream import ACCEPTED, RequestStream, RequestTimeoutError
-from brisk.engine.tokenizer import load_tokenizer
+from brisk.engine.tokenizer import load_tokenizer, load_tokenizer_in_background
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import RequestOutputKind, SamplingParams
 
@@ -675,23 +676,17 @@ class _TokenizerPreload:
     def __init__(self, engine_args: Any):
         self._guess = _guess_tokenizer_path(engine_args)
         self._trust_remote_code = bool(getattr(engine_args, "trust_remote_code", False))
-        self._tokenizer: Any = None
-        self._thread = threading.Thread(target=self._load, name="brisk-tokenizer-preload", daemon=True)
-        self._thread.start()
-
-    def _load(self) -> None:
-        with contextlib.suppress(Exception):
-            from transformers import AutoTokenizer
-
-            if self._guess is not None:
-                self._tokenizer = AutoTokenizer.from_pretrained(self._guess, trust_remote_code=self._trust_remote_code)
+        self._loading: Future | None = None
+        if self._guess is not None:
+            with contextlib.suppress(ValueError):  # no tokenizer there: get() reports it, if the engine agrees
+                self._loading = load_tokenizer_in_background(self._guess, trust_remote_code=self._trust_remote_code)
 
     def get(self, path: str | None) -> Any:
-        self._thread.join()
         if path is None:
             return None
-        if path == self._guess and self._tokenizer is not None:
-            return self._tokenizer
+        if path == self._guess and self._loading is not None:
+            with contextlib.suppress(Exception):  # loaded again below, for the error to name what went wrong
+                return self._loading.result()
         return load_tokenizer(path, trust_remote_code=self._trust_remote_code)
 
 

@@ -21,15 +21,28 @@ RESERVED_CHAT_TEMPLATE_KWARGS = frozenset(
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
+def _missing_tokenizer(path) -> str | None:
+    """Why ``path``, a local folder, holds no tokenizer (None when it holds a tokenizer file or names a hub repo):
+    found out without importing transformers."""
+    folder = os.path.expanduser(str(path))
+    if os.path.isdir(folder):
+        has_file = any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES)
+        return None if has_file else f"it holds none of {', '.join(TOKENIZER_FILES)}"
+    return "no such folder" if os.path.isabs(folder) or folder.startswith(".") else None
+
+
 def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False):
     """The tokenizer at ``path``; an error that names it, or None with a warning when ``optional``.
 
-    An optional tokenizer of a local folder that holds no tokenizer file (a named shape with random weights) is
-    not looked for: transformers' ``AutoTokenizer`` would first import its model-config modules (2 to 10 s of
-    start-up, most of that phase on a GPU host) only to fail."""
-    if optional and os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
-        logger.warning("no tokenizer files in %s: only token-id prompts will work", path)
-        return None
+    A local folder that holds no tokenizer file (a named shape with random weights) is not handed to
+    transformers' ``AutoTokenizer``, which would first import its model-config modules (2 to 10 s of start-up,
+    most of that phase on a GPU host) only to fail."""
+    missing = _missing_tokenizer(path)
+    if missing is not None:
+        if optional:
+            logger.warning("no tokenizer files in %s: only token-id prompts will work", path)
+            return None
+        raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
     from transformers import AutoTokenizer
 
     try:
@@ -47,19 +60,15 @@ def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code
     Loading a tokenizer imports transformers, seconds of start-up (8 on some GPU hosts) that need nothing but the
     tokenizer's files, so the engine loads its weights and builds its KV cache meanwhile. A required tokenizer
     whose local folder is missing, or holds no tokenizer file, is an error at once, not after the weights."""
-    folder = os.path.expanduser(str(path))
-    looks_local = os.path.isabs(folder) or folder.startswith(".") or os.path.isdir(folder)
-    if not optional and looks_local and not any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
-        raise ValueError(
-            f"Cannot load a tokenizer from {path}: "
-            + (f"it holds none of {', '.join(TOKENIZER_FILES)}" if os.path.isdir(folder) else "no such folder")
-        )
+    missing = _missing_tokenizer(path)
+    if missing is not None and not optional:
+        raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
     future: Future = Future()
 
     def load() -> None:
         try:
             future.set_result(load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code))
-        except BaseException as exc:  # raised again by future.result() in the engine's thread
+        except BaseException as exc:  # raised again by future.result() in the caller's thread
             future.set_exception(exc)
 
     threading.Thread(target=load, name="brisk-tokenizer-load", daemon=True).start()

@@ -51,26 +51,35 @@ class NgramProposer:
         self.max_n = config.prompt_lookup_max
         # Per request: an array holding its tokens (with room to grow) and how many; goes with the request.
         self._tokens: weakref.WeakKeyDictionary[Request, tuple[np.ndarray, int]] = weakref.WeakKeyDictionary()
+        # Per request: its last lookup, (tokens looked over, where the continuation starts): the engine asks
+        # may_propose and then propose over the same tokens.
+        self._found: weakref.WeakKeyDictionary[Request, tuple[int, int | None]] = weakref.WeakKeyDictionary()
 
     def propose(self, request: Request, max_tokens: int) -> list[int]:
         """Up to ``min(num_speculative_tokens, max_tokens)`` draft tokens to follow the request's tokens (maybe
         none)."""
         k = min(self.num_speculative_tokens, max_tokens)
-        token_ids = request.all_token_ids
-        if k <= 0 or len(token_ids) <= self.min_n:
-            return []
-        start = continuation_start(self._array(request, token_ids), self.min_n, self.max_n)
-        return [] if start is None else token_ids[start : start + k]
+        start = self._continuation_start(request) if k > 0 else None
+        return [] if start is None else request.all_token_ids[start : start + k]
 
     def may_propose(self, request: Request) -> bool:
         """Whether the request's tokens known now end in an n-gram that occurs earlier (what :meth:`propose` looks
         for). The engine asks it one step behind, with the next step's token still on the device: where no
         request finds one, it launches that step ahead without drafts, as a plain decode (see ``LLMEngine.step``).
         """
+        return self._continuation_start(request) is not None
+
+    def _continuation_start(self, request: Request) -> int | None:
+        """:func:`continuation_start` over the request's tokens, looked up once for each length they reach."""
         token_ids = request.all_token_ids
-        if len(token_ids) <= self.min_n:
-            return False
-        return continuation_start(self._array(request, token_ids), self.min_n, self.max_n) is not None
+        length = len(token_ids)
+        if length <= self.min_n:
+            return None
+        found = self._found.get(request)
+        if found is None or found[0] != length:
+            found = (length, continuation_start(self._array(request, token_ids), self.min_n, self.max_n))
+            self._found[request] = found
+        return found[1]
 
     def _array(self, request: Request, token_ids: list[int]) -> np.ndarray:
         """The request's tokens as an array: the cached one extended by the tokens appended since (rebuilt if the
