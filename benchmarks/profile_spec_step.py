@@ -1,12 +1,13 @@
 """Where a speculative step's time goes on the GPU, phase by phase and kernel by kernel.
 
     python benchmarks/profile_spec_step.py [--target qwen2.5-coder-1.5b-shape] [--draft qwen2.5-coder-0.5b-shape]
-        [--k 4] [--batch-size 1] [--max-tokens 64] [--json FILE]
+        [--k 4] [--batch-size 1] [--max-tokens 64] [--accept-all] [--json FILE]
 
 Random weights at the real pair's shapes (as ``spec_step_cost.py``). Two passes per engine (plain, the draft
 model, n-gram): one with every phase wrapped in device synchronizations (drafting, preparing the step, each kind
 of graph replay, verification, the engine step as a whole), which serializes the step but bills each phase its
-own device time; then one under ``torch.profiler``, for the kernels that take the device's time.
+own device time; then one under ``torch.profiler``, for the kernels that take the device's time. ``--accept-all``:
+models that copy their input (``brisk/bench/copying_weights.py``), so every draft is accepted.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from brisk import LLM, SamplingParams  # noqa: E402
 from brisk.bench.configs import write_config_folder  # noqa: E402
+from brisk.bench.copying_weights import make_copying  # noqa: E402
 from brisk.spec_decode.draft_model import DraftModelProposer  # noqa: E402
 from brisk.worker.cuda_graphs import StepGraphs  # noqa: E402
 from brisk.worker.model_runner import ModelRunner  # noqa: E402
@@ -70,6 +72,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--accept-all", action="store_true", help="Models that copy their input: every draft accepted.")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="brisk-spec-profile-"))
@@ -106,6 +109,10 @@ def main() -> None:
         llm = LLM(target, speculative_config=spec, load_format="dummy", max_model_len=4096,
                   max_num_seqs=max(8, args.batch_size))  # fmt: skip
         runner = llm.engine.model_runner
+        if args.accept_all:
+            make_copying(runner.model)
+            if getattr(runner, "drafter", None) is not None:
+                make_copying(runner.drafter.runner.model)
         phases.labels = {id(runner.graphs): "target decode", id(runner.verify_graphs): "target verify"}
         drafter = getattr(runner, "drafter", None)
         if drafter is not None:

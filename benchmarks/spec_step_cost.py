@@ -1,7 +1,8 @@
 """What one speculative step costs on the GPU, at the real pair's shapes with random weights.
 
     python benchmarks/spec_step_cost.py [--target qwen2.5-coder-1.5b-shape] [--draft qwen2.5-coder-0.5b-shape]
-        [--k 2 4 6] [--batch-size 1 8 32] [--max-tokens 128] [--methods draft_model ngram] [--json FILE]
+        [--k 2 4 6] [--batch-size 1 8 32] [--max-tokens 128] [--methods draft_model ngram] [--accept-all]
+        [--json FILE]
 
 Random weights accept almost no drafts, so a speculative step emits about one token and its time is what a step
 that proposes ``k`` drafts costs (for a draft model its ``k`` passes and its mirror of the step, then the
@@ -10,6 +11,11 @@ configuration and batch size: decode time per engine step (``decode_s / steps``,
 drafts) beside the plain engine's, their ratio, and the break-even mean acceptance length (the speculative step
 over the plain one: speculation pays when the real weights' mean acceptance length, from
 ``benchmarks/spec_decode.py``, exceeds it; the speedup is that length over the ratio).
+With ``--accept-all`` both models copy their input instead (``brisk/bench/copying_weights.py``): every greedy
+token repeats the one before, so the n-gram proposer soon finds ``k`` drafts a step and every draft is accepted.
+The step time is then what a step that verifies ``k`` accepted drafts costs, and ``tokens_per_step`` over
+``step_vs_plain`` is the speedup of speculation when every draft is right: the ceiling that real acceptance
+scales down.
 The named shapes are config-only folders (``brisk/bench/configs.py``); prompts are 256 random token ids.
 """
 
@@ -27,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from brisk import LLM, SamplingParams  # noqa: E402
 from brisk.bench.configs import write_config_folder  # noqa: E402
+from brisk.bench.copying_weights import make_copying  # noqa: E402
 
 PROMPT_LEN = 256
 
@@ -44,7 +51,8 @@ def measure(llm: LLM, prompts: list[list[int]], max_tokens: int, batch_size: int
             decode_s += (m.finished_time - m.first_token_time) / batch_size  # requests of a batch overlap
     steps = (tokens - accepted) / batch_size
     return {"batch_size": batch_size, "decode_tokens": tokens, "num_draft_tokens": drafts,
-            "num_accepted_tokens": accepted, "step_ms": round(1e3 * decode_s / steps, 4)}  # fmt: skip
+            "num_accepted_tokens": accepted, "tokens_per_step": round(tokens / (tokens - accepted), 3),
+            "step_ms": round(1e3 * decode_s / steps, 4)}  # fmt: skip
 
 
 def main() -> None:
@@ -55,6 +63,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--methods", nargs="+", choices=("draft_model", "ngram"), default=["draft_model", "ngram"])
+    parser.add_argument("--accept-all", action="store_true", help="Models that copy their input: every draft accepted.")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="brisk-spec-shapes-"))
@@ -79,6 +88,10 @@ def main() -> None:
     results = []
     for spec in configs:
         llm = LLM(target, speculative_config=spec, **engine)
+        if args.accept_all:
+            make_copying(llm.engine.model_runner.model)
+            if llm.engine.drafter is not None:
+                make_copying(llm.engine.drafter.runner.model)
         measure(llm, prompts, 8, 1)  # warm-up
         for batch_size in args.batch_size:
             result = {"spec": spec, **measure(llm, prompts, args.max_tokens, batch_size)}
