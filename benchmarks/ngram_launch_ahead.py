@@ -25,18 +25,9 @@ from brisk import LLM, SamplingParams  # noqa: E402
 
 
 def run(llm: LLM, conversations: list, params: SamplingParams) -> tuple[dict, list]:
-    """Every conversation alone; the engine's steps counted by whether a step was left in flight after them."""
-    engine = llm.engine
-    counts = {"launched_ahead": 0, "waited": 0}
-    step = engine.step
-
-    def counted_step():
-        outputs = step()
-        if engine.has_unfinished_requests():
-            counts["launched_ahead" if engine._in_flight is not None else "waited"] += 1
-        return outputs
-
-    engine.step = counted_step
+    """Every conversation alone; the engine's steps counted by whether they were launched before the last step's
+    tokens were read back (ahead) or after (waited)."""
+    before = dict(llm.engine.launch_counts)
     outputs = [llm.chat([conversation], params, use_tqdm=False)[0] for conversation in conversations]
     metrics = [o.metrics for o in outputs]
     return {
@@ -44,7 +35,8 @@ def run(llm: LLM, conversations: list, params: SamplingParams) -> tuple[dict, li
         "drafts": sum(m.num_draft_tokens for m in metrics),
         "accepted": sum(m.num_accepted_tokens for m in metrics),
         "spec_steps": sum(m.num_spec_steps for m in metrics),
-        **counts,
+        "launched_ahead": llm.engine.launch_counts["ahead"] - before["ahead"],
+        "waited": llm.engine.launch_counts["waited"] - before["waited"],
     }, [o.outputs[0].token_ids for o in outputs]
 
 

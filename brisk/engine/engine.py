@@ -69,6 +69,18 @@ class _ParentRequest:
     deltas: DeltaOutputs | None = None  # streamed as RequestOutputKind.DELTA
 
 
+@dataclass
+class _BookedStep:
+    """A finished step whose tokens are booked in the scheduler, waiting to be detokenized and emitted: the
+    requests that took tokens, each with its output length before the step, and those a grammar ended."""
+
+    schedule: SchedulerOutput
+    live: list[tuple[Request, int]]
+    grammar_done: set[str]
+    now: float  # when the step's tokens were read back (wall clock)
+    started: float  # perf_counter() when booking began, for the step timeline
+
+
 class LLMEngine:
     def __init__(self, args: EngineArgs):
         args.validate()
@@ -146,6 +158,10 @@ class LLMEngine:
             else self.device.type == "cuda" and args.pipeline_parallel_size == 1
         )
         self._in_flight: LaunchedStep | None = None  # the step launched ahead (async scheduling)
+        # How steps were launched: "ahead" of the last step's read-back (pipelined, async scheduling only), or
+        # "waited" with no step in flight (they needed the last step's tokens, or the engine was idle); for
+        # benchmarks and tests.
+        self.launch_counts = {"ahead": 0, "waited": 0}
         self._pipeline: deque[LaunchedStep] = deque()  # pipeline parallelism: a batch per stage in flight
         self.step_timer = StepTimer(self.device)
         self._child_to_parent: dict[str, tuple[str, int]] = {}
@@ -203,6 +219,7 @@ class LLMEngine:
         self._new_scheduler(self.kv_cache_manager.pool.num_blocks)
         self.model_runner.reseed_sampler(self.args.seed)
         self.step_timer = StepTimer(self.device)
+        self.launch_counts = dict.fromkeys(self.launch_counts, 0)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -436,14 +453,16 @@ class LLMEngine:
         """Run one step and return the outputs it produced.
 
         With async scheduling the next step is scheduled and launched before this one's tokens are read back,
-        so the device runs step N+1 while the host applies step N's results. That pipeline is paused while a
-        request's sampling needs its whole token history on the host (penalties), and while speculative
-        decoding proposes drafts: a proposer needs the last step's tokens, and the step after a verification
-        starts where its accepted drafts end, which only the read-back tells. The n-gram proposer often finds
-        nothing to propose; where its lookup over the tokens known so far finds nothing for any request, the
-        next step is launched ahead without drafts (a match is then acted on one step later: that step waits,
-        and the one after it carries the drafts). For the same reason pipeline parallelism keeps no batches in
-        flight while the engine speculates."""
+        so the device runs step N+1 while the host applies step N's results. Some steps need the last one's
+        tokens first: while a request's sampling needs its whole token history on the host (penalties,
+        grammars), and while speculative decoding proposes drafts (a proposer needs the last step's tokens, and
+        the step after a verification starts where its accepted drafts end, which only the read-back tells).
+        Such a step is launched as soon as those tokens are booked in the scheduler, before they are detokenized
+        and emitted, so the device waits only for the host's bookkeeping and the step's preparation. The n-gram
+        proposer often finds nothing to propose; where its lookup over the tokens known so far finds nothing for
+        any request, the next step is launched ahead without drafts (a match is then acted on one step later:
+        that step waits, and the one after it carries the drafts). For the same reason pipeline parallelism
+        keeps no batches in flight while the engine speculates."""
         self.step_timer.start()
         failed = self._admit_compiled_grammars() if self.constraints.has_pending else []
         if self.args.pipeline_parallel_size > 1 and (self._pipeline or not self._speculating()):
@@ -453,6 +472,7 @@ class LLMEngine:
             if self._speculating():
                 self._propose_drafts()
             current = self._launch()
+            self.launch_counts["waited"] += current is not None
             if current is None:
                 if self.scheduler.has_unfinished_requests() and not self.scheduler.running:
                     raise RuntimeError("scheduler made no progress with requests waiting (KV cache too small?)")
@@ -461,7 +481,15 @@ class LLMEngine:
             self.scheduler.needs_sync or current.schedule.spec_token_ids or self._drafts_expected()
         ):
             self._in_flight = self._launch()
-        return failed + self._apply(current.schedule, current.result())
+            self.launch_counts["ahead"] += self._in_flight is not None
+            return failed + self._apply(current.schedule, current.result())
+        booked = self._book(current.schedule, current.result())
+        if self.async_scheduling:  # the next step, which needed these tokens, runs while they are emitted
+            if self._speculating():
+                self._propose_drafts()
+            self._in_flight = self._launch()
+            self.launch_counts["waited"] += self._in_flight is not None
+        return failed + self._outputs(booked)
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:
         """Schedule the requests whose grammar is compiled; end those whose grammar failed (finish reason
@@ -527,7 +555,13 @@ class LLMEngine:
         return self.model_runner.execute(schedule, self.step_timer)
 
     def _apply(self, schedule: SchedulerOutput, result: ModelRunnerOutput) -> list[RequestOutput]:
-        """Book a finished step's tokens: timings and logprobs, stops, detokenization, outputs."""
+        """Book a finished step's tokens, then detokenize them and make the outputs."""
+        return self._outputs(self._book(schedule, result))
+
+    def _book(self, schedule: SchedulerOutput, result: ModelRunnerOutput) -> _BookedStep:
+        """What the next step's scheduling needs of a finished one: its tokens, accepted drafts and logprobs in
+        the requests, and the stops that tokens and grammars make (their requests end and free their blocks).
+        Stop strings wait for :meth:`_outputs`, which detokenizes."""
         timer = self.step_timer
         apply_started = time.perf_counter()
         now = time.time()
@@ -551,8 +585,20 @@ class LLMEngine:
         self.scheduler.update_from_output(schedule, result.sampled_token_ids, result.accepted_drafts)
         for (request, before), row in zip(live, rows):
             self._append_logprobs(request, request.num_output_tokens - before, result, row)
+        # A complete grammar (or one that allows nothing more) ends its request here, so no later step holds it.
+        grammar_done = {
+            request.request_id
+            for request, _ in live
+            if request.grammar is not None and request.grammar.done and not request.is_finished
+        }
+        self.scheduler.finish_requests(grammar_done, RequestStatus.FINISHED_STOPPED)
         timer.mark("update")
+        return _BookedStep(schedule, live, grammar_done, now, apply_started)
 
+    def _outputs(self, booked: _BookedStep) -> list[RequestOutput]:
+        """Detokenize a booked step's tokens (a stop string ends its request and drops the tokens after it) and
+        make the outputs."""
+        schedule, live, now, timer = booked.schedule, booked.live, booked.now, self.step_timer
         touched: dict[str, _ParentRequest] = {}
         stopped_by_string: list[str] = []
         for request, before in live:
@@ -571,13 +617,15 @@ class LLMEngine:
                     if not request.is_finished:
                         request.stop_reason = stop
                         stopped_by_string.append(request.request_id)
-                    elif truncated or request.status in _YIELDS_TO_STOP_STRING:
+                    elif (
+                        truncated
+                        or request.status in _YIELDS_TO_STOP_STRING
+                        or request.request_id in booked.grammar_done
+                    ):
                         # The text ends at the stop string before whatever else would have ended it.
                         request.stop_reason = stop
                         request.status = RequestStatus.FINISHED_STOPPED
                     break
-            if request.grammar is not None and request.grammar.done and not request.is_finished:
-                stopped_by_string.append(request.request_id)  # the grammar is complete, or allows nothing more
             touched[parent_id] = parent
         self.scheduler.finish_requests(stopped_by_string, RequestStatus.FINISHED_STOPPED)
         outputs = []
@@ -591,7 +639,9 @@ class LLMEngine:
                 outputs.append(self._emit(parent, now))
         timer.mark("outputs")
         if self.step_timeline.enabled:
-            self.step_timeline.record(schedule, apply_started, len(self.scheduler.running), len(self.scheduler.waiting))
+            self.step_timeline.record(
+                schedule, booked.started, len(self.scheduler.running), len(self.scheduler.waiting)
+            )
         return outputs
 
     @staticmethod

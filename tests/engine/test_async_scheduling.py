@@ -48,11 +48,18 @@ def test_async_engine_keeps_a_step_in_flight(engines):
         SamplingParams(temperature=0, max_tokens=30, min_tokens=20, stop_token_ids=[5, 17, 42, 99]),
         SamplingParams(temperature=0.9, top_p=0.9, max_tokens=24, seed=7, n=2),
         SamplingParams(temperature=0.8, max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.5, seed=3),
+        # Penalties read the token history: each step is launched once the last one's tokens are booked, and a
+        # stop string is found after that launch.
+        SamplingParams(temperature=0, max_tokens=40, repetition_penalty=1.2, stop=[" the", "e"]),
     ],
-    ids=["lengths", "stop-strings", "stop-ids", "min-tokens", "seeded-n2", "penalties"],
+    ids=["lengths", "stop-strings", "stop-ids", "min-tokens", "seeded-n2", "penalties", "penalties-stop-strings"],
 )
 def test_same_outputs_as_sync(engines, params):
     assert completions(engines["async"], params) == completions(engines["sync"], params)
+    engine = engines["async"].engine
+    engine.step()  # the step launched after the last stop, whose requests are all gone
+    assert engine._in_flight is None
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.pool.num_blocks
 
 
 def test_same_logprobs_as_sync(engines):

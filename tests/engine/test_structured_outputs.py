@@ -74,8 +74,8 @@ def test_json_object_regex_and_choice(llm):
 
 
 def test_grammar_is_the_same_with_async_scheduling(tiny_llama, llm):
-    """Grammars need each token on the host before the next is sampled: async scheduling pauses for them and
-    gives the same tokens."""
+    """Grammars need each token on the host before the next is sampled: async scheduling launches the next step
+    once they are booked and gives the same tokens, stops and texts."""
     params = SamplingParams(
         n=2, temperature=1.0, seed=9, max_tokens=120,
         structured_outputs=StructuredOutputsParams(json=SCHEMAS[0], disable_any_whitespace=True),
@@ -83,6 +83,18 @@ def test_grammar_is_the_same_with_async_scheduling(tiny_llama, llm):
     plain = [c.token_ids for c in _texts(llm, "Data:", params)]
     async_llm = LLM(tiny_llama, device="cpu", async_scheduling=True)
     assert [c.token_ids for c in _texts(async_llm, "Data:", params)] == plain
+    # A stop string inside the grammar's text ends it; under async scheduling it is found after the next step
+    # (which needed this one's tokens for its bitmask) was launched, and that step's token is dropped.
+    ends = SamplingParams(
+        n=2, temperature=1.0, seed=2, max_tokens=20, stop=["way"], structured_outputs={"choice": ["no way"]}
+    )
+    outcomes = [
+        [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in _texts(engine, "Answer:", ends)]
+        for engine in (llm, async_llm)
+    ]
+    assert outcomes[0] == outcomes[1] and {o[1:] for o in outcomes[0]} == {("no ", "stop", "way")}
+    engine = async_llm.engine
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.pool.num_blocks
 
 
 def test_bad_constraints_are_errors_naming_the_field(llm):
