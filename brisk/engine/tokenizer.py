@@ -57,8 +57,10 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
 def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code: bool = False) -> Future:
     """:func:`load_tokenizer` on a thread; the future holds the tokenizer or the error.
 
-    Loading a tokenizer imports transformers, seconds of start-up (8 on some GPU hosts) that need nothing but the
-    tokenizer's files, so the engine loads its weights and builds its KV cache meanwhile. A required tokenizer
+    Loading a tokenizer imports transformers, seconds of start-up that need nothing but the tokenizer's files, so
+    the engine loads its weights and builds its KV cache meanwhile. (That pays where the import reads bytecode;
+    where it compiles transformers' sources, it holds the interpreter lock and the phases beside it wait as
+    long: docs/gpu.md.) A required tokenizer
     whose local folder is missing, or holds no tokenizer file, is an error at once, not after the weights."""
     missing = _missing_tokenizer(path)
     if missing is not None and not optional:
