@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -78,7 +79,7 @@ class _BookedStep:
     live: list[tuple[Request, int]]
     grammar_done: set[str]
     now: float  # when the step's tokens were read back (wall clock)
-    started: float  # perf_counter() when booking began, for the step timeline
+    book_s: float  # the host's seconds booking them, for the step timeline
 
 
 class LLMEngine:
@@ -458,7 +459,8 @@ class LLMEngine:
         grammars), and while speculative decoding proposes drafts (a proposer needs the last step's tokens, and
         the step after a verification starts where its accepted drafts end, which only the read-back tells).
         Such a step is launched as soon as those tokens are booked in the scheduler, before they are detokenized
-        and emitted, so the device waits only for the host's bookkeeping and the step's preparation. The n-gram
+        and emitted, so the device waits only for the host's bookkeeping and the step's preparation (unless the
+        launch itself would wait for the device: then the outputs go first). The n-gram
         proposer often finds nothing to propose; where its lookup over the tokens known so far finds nothing for
         any request, the next step is launched ahead without drafts (a match is then acted on one step later:
         that step waits, and the one after it carries the drafts). For the same reason pipeline parallelism
@@ -484,12 +486,19 @@ class LLMEngine:
             self.launch_counts["ahead"] += self._in_flight is not None
             return failed + self._apply(current.schedule, current.result())
         booked = self._book(current.schedule, current.result())
-        if self.async_scheduling:  # the next step, which needed these tokens, runs while they are emitted
+        if self.async_scheduling and not self._launch_waits():
+            # The next step, which needed these tokens, runs while they are emitted.
             if self._speculating():
                 self._propose_drafts()
             self._in_flight = self._launch()
             self.launch_counts["waited"] += self._in_flight is not None
         return failed + self._outputs(booked)
+
+    def _launch_waits(self) -> bool:
+        """Whether launching the next step would wait for the device (logprobs read back, a verification with
+        sampled rows): then this step's outputs go first, and the next call launches it."""
+        requests = itertools.chain(self.scheduler.running, self.scheduler.waiting)
+        return self.model_runner.waits_at_launch(requests, self._speculating())
 
     def _admit_compiled_grammars(self) -> list[RequestOutput]:
         """Schedule the requests whose grammar is compiled; end those whose grammar failed (finish reason
@@ -563,7 +572,7 @@ class LLMEngine:
         the requests, and the stops that tokens and grammars make (their requests end and free their blocks).
         Stop strings wait for :meth:`_outputs`, which detokenizes."""
         timer = self.step_timer
-        apply_started = time.perf_counter()
+        book_started = time.perf_counter()
         now = time.time()
         for request_id, (start, entries) in result.prompt_logprobs.items():
             req = self.scheduler.requests.get(request_id)
@@ -593,11 +602,12 @@ class LLMEngine:
         }
         self.scheduler.finish_requests(grammar_done, RequestStatus.FINISHED_STOPPED)
         timer.mark("update")
-        return _BookedStep(schedule, live, grammar_done, now, apply_started)
+        return _BookedStep(schedule, live, grammar_done, now, time.perf_counter() - book_started)
 
     def _outputs(self, booked: _BookedStep) -> list[RequestOutput]:
         """Detokenize a booked step's tokens (a stop string ends its request and drops the tokens after it) and
         make the outputs."""
+        outputs_started = time.perf_counter()
         schedule, live, now, timer = booked.schedule, booked.live, booked.now, self.step_timer
         touched: dict[str, _ParentRequest] = {}
         stopped_by_string: list[str] = []
@@ -639,9 +649,8 @@ class LLMEngine:
                 outputs.append(self._emit(parent, now))
         timer.mark("outputs")
         if self.step_timeline.enabled:
-            self.step_timeline.record(
-                schedule, booked.started, len(self.scheduler.running), len(self.scheduler.waiting)
-            )
+            apply_s = booked.book_s + time.perf_counter() - outputs_started
+            self.step_timeline.record(schedule, apply_s, len(self.scheduler.running), len(self.scheduler.waiting))
         return outputs
 
     @staticmethod

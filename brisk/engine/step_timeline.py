@@ -40,13 +40,14 @@ class StepTimeline:
     def enabled(self) -> bool:
         return self._file is not None
 
-    def record(self, schedule: SchedulerOutput, apply_started: float, running: int, waiting: int) -> None:
-        """One line for a booked step; ``apply_started`` is the ``perf_counter`` at which its booking began."""
+    def record(self, schedule: SchedulerOutput, apply_s: float, running: int, waiting: int) -> None:
+        """One line for a step whose outputs were just made; ``apply_s``: the host's seconds booking them (the
+        launch of a next step between booking and outputs not included)."""
         if self._file is None:
             return
         now = time.perf_counter()
         if not self._first:
-            self._first = self._last = apply_started
+            self._first = self._last = now - apply_s
         prefill_tokens = prefill_seqs = decode_seqs = 0
         for entry in schedule.scheduled:
             prompt_left = entry.request.num_prompt_tokens - entry.start
@@ -66,7 +67,7 @@ class StepTimeline:
             "draft_tokens": sum(len(d) for d in schedule.spec_token_ids.values()),
             "running": running,
             "waiting": waiting,
-            "apply_ms": round((now - apply_started) * 1e3, 3),
+            "apply_ms": round(apply_s * 1e3, 3),
             "full_gc": full_gcs - self._full_gcs,
         }
         self._file.write(json.dumps(line) + "\n")

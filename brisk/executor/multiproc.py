@@ -227,6 +227,10 @@ class MultiprocExecutor:
     def reseed_sampler(self, seed: int) -> None:
         self._call("reseed_sampler", seed)
 
+    def waits_at_launch(self, requests, speculative: bool) -> bool:
+        """Never: a step goes to the workers down a pipe, and its result is read when the engine books it."""
+        return False
+
     def execute(self, schedule: SchedulerOutput, timer: StepTimer) -> RemoteStep:
         self._send("step", self._encoder.encode(schedule))
         self._steps_sent += 1

@@ -13,6 +13,7 @@ argmax, so they accept exactly the drafts the plain path would have produced and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,45 @@ class Verification:
     chosen_logprobs: list[list[float] | None]
 
 
+class PendingVerification:
+    """A verification whose device work is queued: :meth:`result` waits for its read-back and finishes on the host.
+    An all-greedy batch reads one tensor back, so the engine can launch the step and do other host work (emit the
+    last step's outputs) while the device runs it; otherwise the verification is done when this is made."""
+
+    def __init__(self, finish: Callable[[], Verification], done: torch.cuda.Event | None = None):
+        self._finish: Callable[[], Verification] | None = finish
+        self._done = done
+        self._result: Verification | None = None
+
+    @classmethod
+    def ready(cls, verification: Verification) -> PendingVerification:
+        pending = cls(lambda: verification)
+        pending.result()
+        return pending
+
+    def is_ready(self) -> bool:
+        """Whether :meth:`result` would return without waiting for the device."""
+        return self._finish is None or self._done is None or self._done.query()
+
+    def result(self) -> Verification:
+        if self._finish is not None:
+            if self._done is not None:
+                self._done.synchronize()
+            self._result, self._finish = self._finish(), None
+        return self._result
+
+
+def _read_back_async(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """``values`` copied into host memory without blocking the host, and the event that marks the copy done."""
+    if values.device.type == "cpu":
+        return values, None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
 class RejectionSampler:
     def __init__(self, sampler: Sampler, seed: int):
         self.sampler = sampler
@@ -73,13 +113,14 @@ class RejectionSampler:
         drafts: list[list[int]],
         draft_probs: list[torch.Tensor | None] | None = None,
         draft_token_ids: torch.Tensor | None = None,
-    ) -> Verification:
+    ) -> PendingVerification:
         """``logits`` has ``len(drafts[i]) + 1`` rows per request, in order: the target's prediction after each
         token of the request's step (its last known token, then each draft). ``draft_probs[i]``, when given, is
         the ``[len(drafts[i]), vocab]`` distribution each draft was drawn from (None: a point mass).
         ``draft_token_ids``, when given, holds every draft on the device, in order, and ``drafts`` only their
         counts: they are read back (into ``drafts``) with the verification's tokens where no row's sampling
-        reads its token history, else first."""
+        reads its token history, else first. An all-greedy batch is read back when the result is asked for; any
+        other is verified now."""
         greedy = all(r.sampling_params.greedy for r in requests)
         if draft_token_ids is not None and not (greedy and self._ignores_history(requests)):
             self._fill(drafts, draft_token_ids.tolist())
@@ -89,8 +130,11 @@ class RejectionSampler:
         for d in drafts:
             starts.append(starts[-1] + len(d) + 1)
         if greedy:
-            token_ids = self._verify_greedy(logits, positions, drafts, starts, draft_token_ids)
-            return Verification(token_ids, *self._logprobs(logits, positions, starts, token_ids))
+            return self._verify_greedy(logits, positions, drafts, starts, draft_token_ids)
+        return PendingVerification.ready(self._verify_sampled(logits, requests, drafts, draft_probs, positions, starts))
+
+    def _verify_sampled(self, logits, requests, drafts, draft_probs, positions, starts) -> Verification:
+        """The general rule, some row sampling: accept with ``min(1, p/q)``, else draw from the residual."""
         probs = self.sampler.target_probs(logits, positions)
         draft_rows = [starts[i] + j for i, d in enumerate(drafts) for j in range(len(d))]
         draft_tokens = [t for d in drafts for t in d]
@@ -143,24 +187,29 @@ class RejectionSampler:
 
     def _verify_greedy(
         self, logits, positions, drafts: list[list[int]], starts: list[int], draft_token_ids: torch.Tensor | None
-    ) -> list[list[int]]:
+    ) -> PendingVerification:
         """Every row greedy: a draft is accepted while it is the target's argmax, and the token after the accepted
         ones is the argmax where they end. The same tokens as the general rule (a greedy row's distribution is a
         point mass), from one read of the argmaxes instead of two reads and the full-vocabulary point masses;
         drafts still on the device come back in that same read."""
-        argmax = self.sampler.target_argmax(logits, positions)
+        values = self.sampler.target_argmax(logits, positions)
         if draft_token_ids is not None:
-            values = torch.cat([argmax, draft_token_ids.to(argmax.dtype)]).tolist()
-            argmax = values[: starts[-1]]
-            self._fill(drafts, values[starts[-1] :])
-        else:
-            argmax = argmax.tolist()
-        token_ids = []
-        for d, start in zip(drafts, starts):
-            choice = argmax[start : start + len(d) + 1]
-            num_accepted = next((j for j, t in enumerate(d) if t != choice[j]), len(d))
-            token_ids.append(d[:num_accepted] + [choice[num_accepted]])
-        return token_ids
+            values = torch.cat([values, draft_token_ids.to(values.dtype)])
+        host, done = _read_back_async(values)
+
+        def finish() -> Verification:
+            read = host.tolist()
+            argmax = read[: starts[-1]]
+            if draft_token_ids is not None:
+                self._fill(drafts, read[starts[-1] :])
+            token_ids = []
+            for d, start in zip(drafts, starts):
+                choice = argmax[start : start + len(d) + 1]
+                num_accepted = next((j for j, t in enumerate(d) if t != choice[j]), len(d))
+                token_ids.append(d[:num_accepted] + [choice[num_accepted]])
+            return Verification(token_ids, *self._logprobs(logits, positions, starts, token_ids))
+
+        return PendingVerification(finish, done)
 
     @staticmethod
     def residual(probs: torch.Tensor, rejected: list[tuple[int, int, torch.Tensor | None]]) -> torch.Tensor:

@@ -8,6 +8,7 @@ step's sampled ids on the device (``InputBuffers``: an input id ``-1 - row``), s
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,12 +18,13 @@ import torch
 from brisk.config import ModelConfig
 from brisk.device_transfer import to_device_async
 from brisk.distributed.parallel_state import is_last_stage
+from brisk.engine.request import Request
 from brisk.engine.scheduler import ScheduledRequest, SchedulerOutput
 from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.loader.weights import load_model
 from brisk.outputs import PositionLogprobs
-from brisk.spec_decode.rejection_sampler import RejectionSampler, Verification
+from brisk.spec_decode.rejection_sampler import PendingVerification, RejectionSampler, Verification
 from brisk.step_timer import StepTimer
 from brisk.worker.cuda_graphs import (
     PackedStepGraphs,
@@ -71,7 +73,7 @@ class LaunchedStep:
         chosen: list[float | None] | None,
         prompt_logprobs: dict[str, tuple[int, list[PositionLogprobs]]],
         host_inputs: tuple[torch.Tensor, ...] = (),
-        verification: Verification | None = None,
+        verification: PendingVerification | None = None,
     ):
         self.schedule = schedule
         self._host_inputs = host_inputs  # pinned memory the step's kernels read in place: kept until it is done
@@ -81,15 +83,17 @@ class LaunchedStep:
         self._logprobs = logprobs
         self._chosen = chosen
         self._prompt_logprobs = prompt_logprobs
-        self._verification = verification  # a speculative step: verified on the host already
+        self._verification = verification  # a speculative step: its verification, maybe still on the device
 
     def is_ready(self) -> bool:
         """Whether ``result()`` would return without waiting for the device."""
+        if self._verification is not None:
+            return self._verification.is_ready()
         return self._done is None or self._done.query()
 
     def result(self) -> ModelRunnerOutput:
         if self._verification is not None:
-            return self._verified_result(self._verification)
+            return self._verified_result(self._verification.result())
         num_rows = len(self.schedule.scheduled)
         sampled: list[int | None] = [None] * num_rows
         logprobs: list[PositionLogprobs | None] = [None] * num_rows
@@ -355,6 +359,20 @@ class ModelRunner:
         metadata = buf.metadata(total, len(seq_lens), stride or max_query_len, max(seq_lens), query_start_loc, seq_lens)
         return metadata, row_ends
 
+    def waits_at_launch(self, requests: Iterable[Request], speculative: bool) -> bool:
+        """Whether :meth:`execute` may wait for the device before it returns, for a step of some of ``requests``
+        (with drafts if ``speculative``): logprobs and prompt logprobs are read back there, and so is the
+        verification of a batch with a sampled row (its acceptance draws read the device several times) or of
+        a draft model's drafts that a penalty reads. An all-greedy verification is read back by the step's
+        result."""
+        requests = list(requests)
+        if any(r.sampling_params.num_logprobs is not None or r.needs_prompt_logprobs for r in requests):
+            return True
+        return speculative and any(
+            not r.sampling_params.greedy or (self.drafter is not None and r.sampling_params.needs_token_history)
+            for r in requests
+        )
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, timer: StepTimer) -> LaunchedStep:
         """Launch the step: forward pass, then sampling for rows that reach the end of their sequence (prompt
@@ -418,11 +436,11 @@ class ModelRunner:
         hidden: torch.Tensor,
         row_ends: list[int],
         drafted: DraftTokens | None,
-    ) -> Verification:
+    ) -> PendingVerification:
         """A step with drafts: logits at each sampling row's last token and at each of its drafts, checked by the
         rejection sampler (rows without drafts just sample; ``drafted``: a draft model's drafts, on the device,
-        and the distributions it drew them from; ``row_ends``: where each row's tokens end in ``hidden``). Reads
-        the tokens back: the next step's inputs depend on how many drafts were accepted."""
+        and the distributions it drew them from; ``row_ends``: where each row's tokens end in ``hidden``). The
+        step's result reads the tokens back: the next step's inputs depend on how many drafts were accepted."""
         requests = [out.scheduled[i].request for i in sample_rows]
         drafts = [out.spec_token_ids.get(r.request_id, []) for r in requests]
         index = []

@@ -38,6 +38,27 @@ def test_async_engine_keeps_a_step_in_flight(engines):
     assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.pool.num_blocks
 
 
+@pytest.mark.parametrize("logprobs", [None, 2], ids=["plain", "logprobs"])
+def test_a_step_that_needs_the_last_tokens_runs_while_they_are_emitted(engines, logprobs):
+    """Penalties read the token history, so each step waits for the last one's tokens: it is launched once they
+    are booked, before step() emits them, and is in flight when step() returns them. A launch that itself reads
+    the device back (logprobs) comes after the outputs instead, on the next call."""
+    engine = engines["async"].engine
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, repetition_penalty=1.2, logprobs=logprobs)
+    engine.add_request("history", "The quick brown fox", params, stream=True)
+    before = dict(engine.launch_counts)
+    emitted = 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        emitted += len(outputs)
+        if outputs and not outputs[0].finished:  # the next step runs while these outputs go out, or after them
+            assert (engine._in_flight is not None) == (logprobs is None)
+    assert emitted == 6 and engine.launch_counts["ahead"] == before["ahead"]
+    assert engine.launch_counts["waited"] - before["waited"] == 6
+    engine.step()  # the step launched with the last token's booking found nothing to run
+    assert engine.kv_cache_manager.num_free_blocks == engine.kv_cache_manager.pool.num_blocks
+
+
 @pytest.mark.parametrize(
     "params",
     [

@@ -94,7 +94,7 @@ def test_ngram_steps_without_a_match_are_launched_ahead(tiny_llama, baseline):
         drafts += outputs[0].metrics.num_draft_tokens
     counts = engine.launch_counts
     print(f"steps launched ahead {counts['ahead']}, waited {counts['waited']}; drafts {drafts}")
-    assert counts["ahead"] > 0 and counts["waited"] > 0 and drafts > 0
+    assert counts["ahead"] > 0 and counts["waited"] > len(prompts) and drafts > 0  # (each prompt starts idle)
 
 
 def test_stops_logprobs_and_min_tokens_match(tiny_llama, baseline):

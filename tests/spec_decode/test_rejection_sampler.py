@@ -44,7 +44,7 @@ def first_tokens(sampler: RejectionSampler, draft: list[int] | None) -> torch.Te
     else:
         drafts, draft_probs = [draft] * NUM_SAMPLES, None
     logits = LOGITS.repeat(NUM_SAMPLES * (len(drafts[0]) + 1), 1)
-    verification = sampler(logits, requests, drafts, draft_probs)
+    verification = sampler(logits, requests, drafts, draft_probs).result()
     first = torch.tensor([tokens[0] for tokens in verification.token_ids])
     return torch.bincount(first, minlength=VOCAB).double()
 
@@ -85,7 +85,7 @@ def test_greedy_accepts_exactly_the_argmax_drafts():
     requests = [Request(f"r{i}", [1, 2, 3], greedy, frozenset()) for i in range(3)]
     # Position rows: the argmax is token 0 everywhere.
     drafts = [[0, 0], [0, 3], [5, 0]]
-    verification = sampler(LOGITS.repeat(9, 1), requests, drafts)
+    verification = sampler(LOGITS.repeat(9, 1), requests, drafts).result()
     assert verification.token_ids == [[0, 0, 0], [0, 0], [0]]
 
 
@@ -100,10 +100,10 @@ def test_all_greedy_shortcut_equals_the_general_rule(penalty):
     logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB)
     logits[:, :3] += 2.0  # drafts of tokens 0-2 are sometimes the argmax, sometimes not
     sampled = Request("s", [1, 2, 3], PARAMS, frozenset())
-    shortcut = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts)
+    shortcut = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts).result()
     general = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(
         torch.cat([logits, LOGITS[None]]), requests + [sampled], drafts + [[]]
-    )
+    ).result()
     assert shortcut.token_ids == general.token_ids[:-1]
     assert any(len(t) < len(d) + 1 for t, d in zip(shortcut.token_ids, drafts))  # some drafts were rejected
     assert any(len(t) > 1 for t in shortcut.token_ids)  # and some accepted
@@ -125,12 +125,12 @@ def test_drafts_on_the_device_give_the_same_verification(penalty, with_sampled_r
         drafts.append([1, 2])
     logits = torch.randn(sum(len(d) + 1 for d in drafts), VOCAB)
     logits[:, :3] += 2.0
-    on_host = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts)
+    on_host = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(logits, requests, drafts).result()
     placeholders = [[0] * len(d) for d in drafts]
     on_device = torch.tensor([t for d in drafts for t in d])
     verified = RejectionSampler(Sampler(torch.device("cpu"), seed=0), seed=0)(
         logits, requests, placeholders, None, on_device
-    )
+    ).result()
     assert verified.token_ids == on_host.token_ids
     assert placeholders == drafts
     assert any(len(t) < len(d) + 1 for t, d in zip(on_host.token_ids, drafts))
