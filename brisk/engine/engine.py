@@ -574,10 +574,12 @@ class LLMEngine:
         timer = self.step_timer
         book_started = time.perf_counter()
         now = time.time()
-        for request_id, (start, entries) in result.prompt_logprobs.items():
-            req = self.scheduler.requests.get(request_id)
-            if req is not None and len(req.prompt_logprobs) == start:
-                req.prompt_logprobs.extend(entries)
+        if result.prompt_logprobs:  # to the step's own requests (an aborted one's id may have been reused since)
+            stepped = {entry.request.request_id: entry.request for entry in schedule.scheduled}
+            for request_id, (start, entries) in result.prompt_logprobs.items():
+                req = stepped[request_id]
+                if not req.is_finished and len(req.prompt_logprobs) == start:
+                    req.prompt_logprobs.extend(entries)
         # Requests still running (not aborted meanwhile) that sampled, with their output length before the step
         # (a speculative row may add several tokens).
         live: list[tuple[Request, int]] = []
