@@ -23,6 +23,7 @@ RESERVED_CHAT_TEMPLATE_KWARGS = frozenset(
 # wait, would otherwise wait up to 5 ms to get it back each time. On 2 CPU cores, a 1.5B-shape start whose import
 # compiles transformers' sources took 7.8-10.1 s with it, 10.6-11.3 s without, 10.2-10.5 s loading in series.
 LOADING_SWITCH_INTERVAL_S = 0.0002
+LOADING_THREAD_NAME = "brisk-tokenizer-load"
 
 # Files one of which every tokenizer folder holds (fast, sentencepiece, BPE vocabulary, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -73,21 +74,46 @@ def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code
     if missing is not None and not optional:
         raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
     future: Future = Future()
-    previous = sys.getswitchinterval()
 
     def load() -> None:
         try:
             tokenizer = load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code)
         except BaseException as exc:  # raised again by future.result() in the caller's thread
-            sys.setswitchinterval(previous)
+            _switch_interval.end()
             future.set_exception(exc)
         else:
-            sys.setswitchinterval(previous)
+            _switch_interval.end()
             future.set_result(tokenizer)
 
-    sys.setswitchinterval(min(previous, LOADING_SWITCH_INTERVAL_S))
-    threading.Thread(target=load, name="brisk-tokenizer-load", daemon=True).start()
+    _switch_interval.begin()
+    threading.Thread(target=load, name=LOADING_THREAD_NAME, daemon=True).start()
     return future
+
+
+class _LoadingSwitchInterval:
+    """``LOADING_SWITCH_INTERVAL_S`` while any tokenizer loads on a thread; the interval from before the first of
+    overlapping loads comes back when the last one ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loading = 0
+        self._before = sys.getswitchinterval()
+
+    def begin(self) -> None:
+        with self._lock:
+            if not self._loading:
+                self._before = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._before, LOADING_SWITCH_INTERVAL_S))
+            self._loading += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._loading -= 1
+            if not self._loading:
+                sys.setswitchinterval(self._before)
+
+
+_switch_interval = _LoadingSwitchInterval()
 
 
 def template_message(message: dict[str, Any]) -> dict[str, Any]:
