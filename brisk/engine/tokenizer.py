@@ -77,13 +77,14 @@ def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code
 
     def load() -> None:
         try:
-            tokenizer = load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code)
+            tokenizer, error = load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code), None
         except BaseException as exc:  # raised again by future.result() in the caller's thread
-            _switch_interval.end()
-            future.set_exception(exc)
-        else:
-            _switch_interval.end()
+            tokenizer, error = None, exc
+        _switch_interval.end()  # before the caller can see the result
+        if error is None:
             future.set_result(tokenizer)
+        else:
+            future.set_exception(error)
 
     _switch_interval.begin()
     threading.Thread(target=load, name=LOADING_THREAD_NAME, daemon=True).start()

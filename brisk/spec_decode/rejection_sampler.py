@@ -63,15 +63,15 @@ class PendingVerification:
     An all-greedy batch reads one tensor back, so the engine can launch the step and do other host work (emit the
     last step's outputs) while the device runs it; otherwise the verification is done when this is made."""
 
-    def __init__(self, finish: Callable[[], Verification], done: torch.cuda.Event | None = None):
+    def __init__(self, finish: Callable[[], Verification] | None, done: torch.cuda.Event | None = None):
         self._finish: Callable[[], Verification] | None = finish
         self._done = done
         self._result: Verification | None = None
 
     @classmethod
     def ready(cls, verification: Verification) -> PendingVerification:
-        pending = cls(lambda: verification)
-        pending.result()
+        pending = cls(None)
+        pending._result = verification
         return pending
 
     def is_ready(self) -> bool:
