@@ -43,7 +43,7 @@ from brisk.engine.scheduler import SchedulerOutput
 from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
 from brisk.spec_decode.config import SpeculativeConfig
-from brisk.worker.cuda_graphs import MAX_VERIFY_GRAPH_SEQS, StepGraphs, capture_sizes
+from brisk.worker.cuda_graphs import MAX_VERIFY_GRAPH_SEQS, StepGraphs, capture_graph_sets, capture_sizes
 from brisk.worker.input_buffers import InputBuffers
 from brisk.worker.model_runner import ModelRunner
 
@@ -125,13 +125,13 @@ class DraftModelProposer:
             return
         sizes = [s for s in capture_sizes(max_num_seqs) if s <= MAX_VERIFY_GRAPH_SEQS]
         self.first_pass_graphs = StepGraphs(self.runner.model, self.buffers, sizes, max_len, query_len=2)
-        pool = self.first_pass_graphs.capture(what="first draft pass")
         self.graphs = StepGraphs(self.runner.model, self.buffers, sizes, max_len)
-        pool = self.graphs.capture(pool, "draft")
         if verify_graphs is not None:
             q = verify_graphs.query_len
             self.mirror_graphs = StepGraphs(self.runner.model, target_buffers, verify_graphs.sizes, max_len, q)
-            self.mirror_graphs.capture(pool, "draft mirror")
+        capture_graph_sets(
+            [(self.first_pass_graphs, "first draft pass"), (self.graphs, "draft"), (self.mirror_graphs, "draft mirror")]
+        )
 
     def propose(self, request: Request, max_tokens: int) -> list[int]:
         """Placeholders: reserve slots for ``min(k, max_tokens)`` drafts; :meth:`draft` writes the tokens once

@@ -30,6 +30,7 @@ import torch
 
 from brisk.forward_context import set_forward_context
 from brisk.worker.input_buffers import InputBuffers
+from brisk.worker.parallel_compiles import DeferredCompiles
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,19 @@ def verify_capture_sizes(max_num_seqs: int, query_len: int, max_tokens: int) -> 
     return [s for s in capture_sizes(max_num_seqs) if s <= limit]
 
 
+def capture_graph_sets(graph_sets: list[tuple[StepGraphs | None, str]], pool=None):
+    """Capture each ``(graphs, what)`` set in order (``None`` skipped), the sets sharing one memory pool, which is
+    returned. First every size of every set runs once, eagerly, with its Triton kernels recorded, and those are
+    compiled at once, in parallel: that pass is also each size's warm-up (lazy initialization) before capture."""
+    present = [(graphs, what) for graphs, what in graph_sets if graphs is not None]
+    with DeferredCompiles() as compiles:
+        for graphs, _ in present:
+            graphs.record_compiles(compiles)
+    for graphs, what in present:
+        pool = graphs.capture(pool, what)
+    return pool
+
+
 class StepGraphs:
     """Graphs of one model over one set of input buffers, for steps of ``query_len`` rows per sequence."""
 
@@ -122,22 +136,32 @@ class StepGraphs:
         self.buffers.clear_block_table()
         self.buffers.upload(block_width=1, sampled=None)
 
+    def _inputs(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._rows(size)
+        return self.buffers.on_device.input_ids[:rows], self.buffers.on_device.positions[:rows]
+
+    @torch.inference_mode()
+    def record_compiles(self, compiles: DeferredCompiles) -> None:
+        """Run each size's forward pass eagerly, its uncompiled Triton kernels only recorded into ``compiles``
+        (they can all be compiled at once before ``capture``) and the rest of it run."""
+        for size in self.sizes:
+            self._stage(size)
+            with compiles.recording(), set_forward_context(self._metadata(size)):
+                self.model(*self._inputs(size))
+
     @torch.inference_mode()
     def capture(self, pool=None, what: str = "decode"):
         """Capture every size (largest first, so smaller graphs reuse its memory); returns the memory pool, which
-        another graph set may share."""
+        another graph set may share. Every kernel must be compiled by now (``capture_graph_sets``): a compile
+        inside a capture would load its module there."""
         start = time.perf_counter()
-        buffers = self.buffers
         stream = torch.cuda.Stream()
         for size in reversed(self.sizes):
             self._stage(size)
-            rows = self._rows(size)
-            ids, pos = buffers.on_device.input_ids[:rows], buffers.on_device.positions[:rows]
             with set_forward_context(self._metadata(size)):
-                self.model(ids, pos)  # warm-up: compiles kernels, settles the allocator
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.outputs[size] = self.model(ids, pos)
+                    self.outputs[size] = self.model(*self._inputs(size))
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize()

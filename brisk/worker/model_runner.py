@@ -29,6 +29,7 @@ from brisk.step_timer import StepTimer
 from brisk.worker.cuda_graphs import (
     PackedStepGraphs,
     StepGraphs,
+    capture_graph_sets,
     capture_sizes,
     mixed_graph_tokens,
     prefill_query_lens,
@@ -220,25 +221,36 @@ class ModelRunner:
         self.prefill_graphs: list[StepGraphs] = []  # by query length, shortest first
         # The torch reference loops on the host and FlashInfer plans each step on the host: both run eagerly.
         use_graphs = self.device.type == "cuda" and not enforce_eager and self.attention_backend == "triton"
-        max_len = self.model_config.max_model_len
         if use_graphs:
-            self.graphs = StepGraphs(self.model, self.buffers, capture_sizes(max_num_seqs), max_len)
-            pool = self.graphs.capture()
-            # Longest first: the shorter graphs reuse its memory.
-            for q in reversed(prefill_query_lens(max_num_batched_tokens, max_tokens, max_len)):
-                self.prefill_graphs.insert(0, StepGraphs(self.model, self.buffers, [1], max_len, q))
-                pool = self.prefill_graphs[0].capture(pool, "prefill")
-            tokens = mixed_graph_tokens(max_num_batched_tokens, max_tokens, max_len)
-            if self.drafter is None and tokens:  # a draft model mirrors mixed steps eagerly from the packed layout
-                self.mixed_graphs = PackedStepGraphs(self.model, self.buffers, tokens, max_len, max_num_seqs + 1)
-                pool = self.mixed_graphs.capture(pool, "mixed-step")
-            query_len = 1 + num_speculative_tokens
-            sizes = verify_capture_sizes(max_num_seqs, query_len, max_tokens)
-            if num_speculative_tokens and sizes:
-                self.verify_graphs = StepGraphs(self.model, self.buffers, sizes, max_len, query_len)
-                self.verify_graphs.capture(pool, "verification")
+            self._capture_graphs(max_num_batched_tokens, max_num_seqs, max_tokens, num_speculative_tokens)
         if self.drafter is not None:
             self.drafter.init_step_buffers(max_num_seqs, self.buffers, self.verify_graphs, use_graphs)
+
+    def _capture_graphs(
+        self, max_num_batched_tokens: int, max_num_seqs: int, max_tokens: int, num_speculative_tokens: int
+    ) -> None:
+        """The graph sets of this model's steps, captured (their kernels compiled at once, in parallel)."""
+        max_len = self.model_config.max_model_len
+        self.graphs = StepGraphs(self.model, self.buffers, capture_sizes(max_num_seqs), max_len)
+        self.prefill_graphs = [
+            StepGraphs(self.model, self.buffers, [1], max_len, q)
+            for q in prefill_query_lens(max_num_batched_tokens, max_tokens, max_len)
+        ]
+        tokens = mixed_graph_tokens(max_num_batched_tokens, max_tokens, max_len)
+        if self.drafter is None and tokens:  # a draft model mirrors mixed steps eagerly from the packed layout
+            self.mixed_graphs = PackedStepGraphs(self.model, self.buffers, tokens, max_len, max_num_seqs + 1)
+        query_len = 1 + num_speculative_tokens
+        sizes = verify_capture_sizes(max_num_seqs, query_len, max_tokens)
+        if num_speculative_tokens and sizes:
+            self.verify_graphs = StepGraphs(self.model, self.buffers, sizes, max_len, query_len)
+        capture_graph_sets(
+            [
+                (self.graphs, "decode"),
+                *[(graphs, "prefill") for graphs in reversed(self.prefill_graphs)],  # longest first: see capture
+                (self.mixed_graphs, "mixed-step"),
+                (self.verify_graphs, "verification"),
+            ]
+        )
 
     # ---- one step -----------------------------------------------------------------------------------------
     def _graphs_for(self, out: SchedulerOutput) -> tuple[StepGraphs | None, int]:
