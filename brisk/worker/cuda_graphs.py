@@ -124,7 +124,7 @@ class StepGraphs:
     def _metadata(self, size: int):
         q = self.query_len
         qsl = list(range(0, size * q + 1, q))
-        return self.buffers.metadata(size * q, size, q, self.max_model_len, qsl, [q] * size)
+        return self.buffers.metadata(size * q, size, q, self.max_model_len, qsl, [q] * size, for_graph=True)
 
     def _rows(self, size: int) -> int:
         return size * self.query_len
@@ -196,7 +196,7 @@ class PackedStepGraphs(StepGraphs):
     def _metadata(self, size: int):
         qsl = [0] + [size] * self.num_seqs
         seq_lens = [size] + [0] * (self.num_seqs - 1)
-        return self.buffers.metadata(size, self.num_seqs, size, self.max_model_len, qsl, seq_lens)
+        return self.buffers.metadata(size, self.num_seqs, size, self.max_model_len, qsl, seq_lens, for_graph=True)
 
     def _stage(self, size: int) -> None:
         """One sequence of ``size`` padding rows (no KV write) and empty ones after it."""

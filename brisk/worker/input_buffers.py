@@ -130,7 +130,14 @@ class InputBuffers:
             self._read.record()
 
     def metadata(
-        self, num_tokens: int, num_seqs: int, max_query_len: int, max_seq_len: int, qsl: list[int], seq_lens: list[int]
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        max_query_len: int,
+        max_seq_len: int,
+        qsl: list[int],
+        seq_lens: list[int],
+        for_graph: bool = False,
     ) -> AttentionMetadata:
         return AttentionMetadata(
             num_tokens=num_tokens,
@@ -143,6 +150,7 @@ class InputBuffers:
             slot_mapping=self.on_device.slot_mapping[:num_tokens],
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
+            for_graph=for_graph,
         )
 
 

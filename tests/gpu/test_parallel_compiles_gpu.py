@@ -1,6 +1,8 @@
 """Deferred Triton compiles on a GPU: launches under ``recording()`` compile and run nothing, leaving the block
 compiles each recorded specialization once, and the launches after it find their kernels compiled and compute."""
 
+import threading
+
 import pytest
 import torch
 
@@ -80,3 +82,18 @@ def test_launches_after_recording_compile_as_usual(compiled_kernels):
     _add_one(x, 32)
     assert compiled_kernels == ["_add_one_kernel"]
     assert torch.equal(x, torch.ones_like(x))
+
+
+def test_another_threads_launches_compile_while_one_records(compiled_kernels):
+    """The hook is the process's, but only the recording thread's launches are deferred."""
+    x, y = torch.zeros(10, device=DEV), torch.zeros(10, device=DEV)
+    with DeferredCompiles() as compiles, compiles.recording():
+        _add_one(x, 32)
+        other = threading.Thread(target=_add_one, args=(y, 64))
+        other.start()
+        other.join()
+        assert compiled_kernels == ["_add_one_kernel"]  # the other thread's
+        assert len(compiles) == 1  # this thread's
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.ones_like(y))
+    assert compiled_kernels == ["_add_one_kernel", "_add_one_kernel"]

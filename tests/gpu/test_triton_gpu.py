@@ -4,6 +4,7 @@ Run with ``pytest tests/gpu/test_triton_gpu.py -s`` to see the error figures and
 are information, not assertions).
 """
 
+import dataclasses
 from functools import partial
 
 import pytest
@@ -130,6 +131,7 @@ def test_long_chunks_take_cudnn_and_match_the_reference(name, seqs):
     computes the step's other sequences and skips theirs."""
     q, _, _, _, md = make_step(seqs)
     assert long_chunk_seqs(q, md) == [i for i, (_, n) in enumerate(seqs) if n >= 2048]
+    assert long_chunk_seqs(q, dataclasses.replace(md, for_graph=True)) == []  # a graph's step stays on Triton
     check(name, seqs)
 
 

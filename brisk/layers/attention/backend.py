@@ -38,6 +38,9 @@ class AttentionMetadata:
     # Host copies, so backends that loop in Python never sync with the device.
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # A CUDA graph's step (its capture, or the eager pass before it that compiles its kernels): the kernels it
+    # launches must not depend on lengths only the host knows, since a replay serves other lengths.
+    for_graph: bool = False
 
     @property
     def is_decode_only(self) -> bool:

@@ -14,8 +14,9 @@ first (one ``index_select``: about 0.3 ms at 32,000 tokens, against 15 ms of att
 
 Each sequence of a step with a chunk of at least ``LONG_CHUNK_TOKENS`` takes this path (one Python call per such
 sequence); the step's other sequences (short chunks, decodes) stay on the unified kernel, which skips the long ones.
-Never inside a CUDA-graph capture: the loop and its slices are decided on the host. On the CPU the same split runs
-through torch's flash kernel for the CPU, which is what the tests check the merge with.
+Never in a CUDA graph's step (``AttentionMetadata.for_graph``): the loop and its slices are decided on the host.
+On the CPU the same split runs through torch's flash kernel for the CPU, which is what the tests check the merge
+with.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def _cudnn_attention_enabled() -> bool:
 
 def long_chunk_seqs(query: torch.Tensor, metadata: AttentionMetadata) -> list[int]:
     """The step's sequences that take the library path: on a CUDA half-precision step (cuDNN's kernel takes head
-    sizes up to 128 here), outside graph capture, those with at least ``LONG_CHUNK_TOKENS`` new tokens."""
+    sizes up to 128 here) that is not a CUDA graph's, those with at least ``LONG_CHUNK_TOKENS`` new tokens."""
     if not query.is_cuda or query.dtype not in (torch.float16, torch.bfloat16) or query.shape[-1] > 128:
         return []
     if metadata.max_query_len < LONG_CHUNK_TOKENS or not _cudnn_attention_enabled():
         return []
-    if torch.cuda.is_current_stream_capturing():
+    if metadata.for_graph:
         return []
     starts = metadata.query_start_loc_cpu
     return [i for i in range(metadata.num_seqs) if starts[i + 1] - starts[i] >= LONG_CHUNK_TOKENS]

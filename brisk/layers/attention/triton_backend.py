@@ -71,8 +71,8 @@ def _mixes_short_and_long(metadata: AttentionMetadata, short: int) -> bool:
     ones (prompt chunks), which then take a launch each: one tile size for both would give each decode the
     prompts' 128-row tile, 32 times the work its few rows need (at 250 decodes beside prompts on an 8B model,
     about 10 ms a step). The packed mixed-step graphs are captured with empty sequences beside their padding
-    one, so they hold both launches for whatever they replay; a graph's warm-up and its capture see the same
-    metadata, so no kernel is first compiled inside a capture."""
+    one, so they hold both launches for whatever they replay; a graph's compiling pass and its capture see the
+    same metadata, so no kernel is first compiled inside a capture."""
     if metadata.num_seqs < 2 or metadata.max_query_len <= short:
         return False
     return metadata.min_query_len <= short
