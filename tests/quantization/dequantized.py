@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from brisk import LLM
+from brisk import LLM, SamplingParams
 
 
 def assert_weights_equal(llm: LLM, reference: Callable[[str], torch.Tensor]) -> None:
@@ -23,3 +23,28 @@ def assert_weights_equal(llm: LLM, reference: Callable[[str], torch.Tensor]) -> 
         for linear, names in parts.items():
             expected = torch.cat([reference(prefix + name) for name in names])
             assert torch.equal(linear.quant_method.dequantized_weight(linear), expected), linear.prefix
+
+
+def model_with_weights(base: str, weights: dict[str, torch.Tensor]):
+    """transformers' float32 model of ``base`` with each module in ``weights`` given that weight."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    state = model.state_dict()
+    for name, weight in weights.items():
+        state[f"{name}.weight"].copy_(weight)
+    return model
+
+
+def reference_greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 10) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt, alone."""
+    tokens = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        tokens.append(model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)[0, ids.shape[1] :].tolist())
+    return tokens
+
+
+def brisk_greedy(llm: LLM, prompts: list[str], max_tokens: int = 10) -> list[list[int]]:
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outputs]

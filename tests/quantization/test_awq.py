@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from brisk import LLM, SamplingParams
+from brisk import LLM
 from tests.quantization.awq_checkpoints import make_awq_checkpoint
 from tests.quantization.ct_checkpoints import library_reference_model
-from tests.quantization.dequantized import assert_weights_equal
+from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, reference_greedy
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
 
@@ -68,13 +68,8 @@ def test_greedy_matches_library_reference(awq_pair, tiny_llama):
 
     tokenizer = AutoTokenizer.from_pretrained(awq)
     model = library_reference_model(tiny_llama, ct)  # computes in the float16 scales' precision
-    expected = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        expected.append(model.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1] :].tolist())
     llm = LLM(awq, device="cpu", kv_cache_memory_bytes=1 << 22)
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert brisk_greedy(llm, PROMPTS) == reference_greedy(model, tokenizer, PROMPTS)
 
 
 def test_unsupported_awq_versions(tiny_llama, tmp_path):

@@ -3,11 +3,10 @@ order both ways, symmetric both ways, v1 and v2 zero points; brisk's weights equ
 the checkpoint was made from, and its logits and greedy tokens equal transformers run on those weights."""
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from brisk import LLM, SamplingParams
-from tests.quantization.dequantized import assert_weights_equal
+from brisk import LLM
+from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, model_with_weights, reference_greedy
 from tests.quantization.gptq_checkpoints import make_gptq_checkpoint
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
@@ -25,17 +24,8 @@ def test_matches_the_dequantized_model(tiny_llama, tmp_path, case):
     llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
     assert_weights_equal(llm, dequantized.__getitem__)
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
-    state = model.state_dict()
-    for name, weight in dequantized.items():
-        state[f"{name}.weight"].copy_(weight)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    expected = []
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        expected.append(model.generate(ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1] :].tolist())
-    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outputs] == expected
+    model = model_with_weights(tiny_llama, dequantized)
+    assert brisk_greedy(llm, PROMPTS) == reference_greedy(model, AutoTokenizer.from_pretrained(folder), PROMPTS)
 
 
 def test_fused_parts_with_different_orders(tiny_llama, tmp_path):

@@ -1,0 +1,48 @@
+"""Block-wise FP8 checkpoints in transformers' FineGrainedFP8 layout, written from a float checkpoint as
+DeepSeek-V3's and Qwen3's FP8 releases store them: each linear layer's ``weight`` in FP8 (E4M3) and a float32
+``weight_scale_inv`` per block, ``quantization_config`` ``{"quant_method": "fp8", "weight_block_size": [...]}``
+(transformers itself quantizes to this layout only on a GPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+def quantize_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 values and a scale per block (its largest magnitude over FP8's largest), as DeepSeek's and
+    transformers' block quantizers compute them."""
+    blocks = weight.float().unflatten(0, (-1, block[0])).unflatten(-1, (-1, block[1]))
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX
+    values = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return values.flatten(-2).flatten(0, 1), scale
+
+
+def make_block_fp8_checkpoint(base: str, out: Path, block: tuple[int, int], not_converted: tuple = (), **config):
+    """``base``'s linear layers (not those named in ``not_converted``) in block-wise FP8, saved into ``out``;
+    ``config`` overrides fields of its ``quantization_config``."""
+    shutil.copytree(base, out)
+    state = load_file(out / "model.safetensors")
+    for name in list(state):
+        module, _, leaf = name.rpartition(".")
+        if leaf == "weight" and module.endswith(LINEARS) and not any(m in module for m in not_converted):
+            state[name], state[f"{module}.weight_scale_inv"] = quantize_blocks(state[name], block)
+    save_file(state, out / "model.safetensors")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "weight_block_size": list(block),
+        **({"modules_to_not_convert": list(not_converted)} if not_converted else {}),
+        **config,
+    }
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

@@ -1,0 +1,81 @@
+"""Block-wise FP8 checkpoints in transformers' FineGrainedFP8 layout (``quant_method: "fp8"``, ``weight_block_size``;
+FP8 weights with a float32 ``weight_scale_inv`` per block), written here as DeepSeek-V3's and Qwen3's FP8 releases
+store them (transformers quantizes to this layout only on a GPU). brisk's weights equal transformers' own
+dequantization of the checkpoint (``Fp8Dequantize``, what it loads on a machine without FP8 support) bit for bit,
+and its greedy tokens equal transformers run in float32 on those weights."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+from brisk import LLM
+from brisk.layers.linear import UnquantizedLinearMethod
+from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, model_with_weights, reference_greedy
+
+PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
+
+
+def transformers_dequantized(folder: Path) -> dict[str, torch.Tensor]:
+    """Each quantized module's weight as transformers dequantizes it, in float32."""
+    state, dequantize = load_file(folder / "model.safetensors"), Fp8Dequantize(None)
+    return {
+        name.removesuffix(".weight_scale_inv"): dequantize._dequantize_one(
+            state[name.replace("weight_scale_inv", "weight")], state[name], torch.float32
+        )
+        for name in state
+        if name.endswith(".weight_scale_inv")
+    }
+
+
+def expected_tokens(base: str, dequantized: dict[str, torch.Tensor]) -> list[list[int]]:
+    return reference_greedy(model_with_weights(base, dequantized), AutoTokenizer.from_pretrained(base), PROMPTS)
+
+
+@pytest.mark.parametrize("block", [(32, 32), (16, 64)])
+def test_matches_transformers_dequantization(tiny_llama, tmp_path, block):
+    """The tiny Llama's fused q/k/v (64 + 32 + 32 outputs) and gate/up hold whole blocks of each part."""
+    folder = make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", block)
+    dequantized = transformers_dequantized(folder)
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    qkv = llm.engine.model_runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn  # held as FP8, dequantized per matmul
+    assert_weights_equal(llm, dequantized.__getitem__)
+    assert brisk_greedy(llm, PROMPTS) == expected_tokens(tiny_llama, dequantized)
+
+
+def test_modules_not_converted_stay_unquantized(tiny_model_factory, tmp_path):
+    """``modules_to_not_convert`` (matched within module names, as transformers does) keeps those layers'
+    checkpoint weights; Qwen2's q/k/v biases load beside FP8 weights."""
+    tiny_qwen2 = tiny_model_factory("qwen2")
+    folder = make_block_fp8_checkpoint(tiny_qwen2, tmp_path / "m", (32, 32), not_converted=("down_proj",))
+    dequantized = transformers_dequantized(folder)
+    assert not any("down_proj" in name for name in dequantized)
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    layer = llm.engine.model_runner.model.model.layers[0]
+    assert type(layer.mlp.down_proj.quant_method) is UnquantizedLinearMethod
+    assert layer.mlp.gate_up_proj.weight.dtype == torch.float8_e4m3fn
+    assert brisk_greedy(llm, PROMPTS) == expected_tokens(tiny_qwen2, dequantized)
+
+
+@pytest.mark.parametrize(
+    "config, error",
+    [
+        (
+            {"weight_block_size": [48, 32]},
+            r"\[48, 32\] does not tile its weight: outputs \[64, 32, 32\]",
+        ),
+        ({"activation_scheme": "static"}, "activation_scheme 'static'"),
+        ({"weight_block_size": [32]}, "weight_block_size must be two positive integers"),
+        ({"weight_block_size": None, "is_checkpoint_fp8_serialized": True}, "no weight_block_size"),
+    ],
+)
+def test_bad_checkpoints_are_startup_errors(tiny_llama, tmp_path, config, error):
+    """``config`` overrides the quantization_config of a checkpoint in blocks of 32 x 32."""
+    folder = make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", (32, 32), **config)
+    with pytest.raises(ValueError, match=error):
+        LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
