@@ -14,10 +14,11 @@ import torch
 from brisk import LLM, SamplingParams
 
 PROMPTS = [[(7 * i + j) % 300 + 10 for j in range(12 + 5 * i)] for i in range(3)]
-# Weight-only formats and static input scales: each rank computes exactly a slice of the one-rank products.
+# Weight-only formats, static input scales and inputs quantized per group of channels (whole groups on each rank):
+# each rank computes exactly a slice of the one-rank products.
 # The FP8 KV cache with the checkpoint's per-layer k_scale / v_scale: every rank divides its heads by them.
 EXACT = ["gptq-4bit-desc-act", "gptq-8bit", "awq", "w4a16-g32-asym", "w4a16-channel-asym", "fp8-static",
-         "nvfp4a16", "fp8-kv-scales", "block-fp8"]  # fmt: skip
+         "nvfp4a16", "fp8-kv-scales", "block-fp8", "ct-fp8-block"]  # fmt: skip
 # Inputs quantized per token at run time: a row-parallel rank scales its slice of each token by that slice's
 # largest magnitude (as vLLM does), a finer quantization than one rank's, so the results differ slightly.
 # (FP8_DYNAMIC checkpoints compute what the online FP8 does; W8A8 loads per-channel scales from the checkpoint.)
@@ -51,6 +52,7 @@ def _checkpoint(name: str, base: str, tmp_path, ct_checkpoint) -> tuple[str, dic
         "w4a16-channel-asym": ("W4A16_ASYM", {"strategy": "channel", "group_size": None}),
         "fp8-static": ("FP8", {}),
         "nvfp4a16": ("NVFP4A16", {}),
+        "ct-fp8-block": ("FP8_BLOCK", {"block_structure": (16, 32), "input_group_size": 32}),
         "w8a8-int8": ("W8A8", {}),
     }[name]
     return ct_checkpoint(preset, **weight_args), {}

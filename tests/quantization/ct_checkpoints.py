@@ -35,6 +35,10 @@ def _weight_min_max(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Ten
     if args.strategy in ("group", "tensor_group"):
         groups = weight.unflatten(-1, (-1, args.group_size))
         return groups.amin(-1), groups.amax(-1)
+    if args.strategy == "block":
+        rows, cols = args.block_structure
+        blocks = weight.unflatten(0, (-1, rows)).unflatten(-1, (-1, cols))
+        return blocks.amin(dim=(1, 3)), blocks.amax(dim=(1, 3))
     raise ValueError(f"no observer here for weight strategy {args.strategy}")
 
 
@@ -66,15 +70,20 @@ def _calibrate_inputs(model, tokenizer) -> None:
 
 def make_ct_checkpoint(base: str, out: Path, preset: str, ignore: tuple[str, ...] = (), **weight_args) -> str:
     """Quantize the HF folder ``base`` with the compressed-tensors ``preset`` scheme (``weight_args`` override
-    its weight arguments, e.g. ``group_size=32, symmetric=False``; ``ignore``: modules left unquantized besides
-    the LM head) and save it compressed into ``out``."""
+    its weight arguments, e.g. ``group_size=32, symmetric=False``, and with an ``input_`` prefix its input
+    activations' arguments, e.g. ``input_group_size=32``; ``ignore``: modules left unquantized besides the LM
+    head) and save it compressed into ``out``."""
     from transformers import AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(base)
     scheme = preset_name_to_scheme(preset, ["Linear"])
     for key, value in weight_args.items():
-        setattr(scheme.weights, key, value)
+        value = list(value) if isinstance(value, tuple) else value  # the library's fields are lists
+        if key.startswith("input_"):
+            setattr(scheme.input_activations, key.removeprefix("input_"), value)
+        else:
+            setattr(scheme.weights, key, value)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head", *ignore]))
     with torch.no_grad():
         for module in model.modules():

@@ -67,7 +67,7 @@ def test_modules_not_converted_stay_unquantized(tiny_model_factory, tmp_path):
     [
         (
             {"weight_block_size": [48, 32]},
-            r"\[48, 32\] does not tile its weight: outputs \[64, 32, 32\]",
+            r"blocks of \[48, 32\] do not tile its weight: outputs \[64, 32, 32\]",
         ),
         ({"activation_scheme": "static"}, "activation_scheme 'static'"),
         ({"weight_block_size": [32]}, "weight_block_size must be two positive integers"),

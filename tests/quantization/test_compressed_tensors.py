@@ -20,6 +20,8 @@ SCHEMES = {
     "fp8-dynamic": ("FP8_DYNAMIC", {}),  # float-quantized: per-channel weight scales, per-token inputs
     "fp8-static": ("FP8", {}),  # per-tensor weight scales (per q/k/v shard), static input scales
     "fp8-static-channel": ("FP8", {"strategy": "channel"}),
+    # a scale per block of 32 x 32 weights (128 x 128 in the preset), inputs per token and 32 channels
+    "fp8-block": ("FP8_BLOCK", {"block_structure": (32, 32), "input_group_size": 32}),
     "w8a8-int8": ("W8A8", {}),  # int-quantized: int8 per-channel weights, int8 per-token inputs
     "w8a16-g32": ("W8A16", {"group_size": 32}),  # pack-quantized, 4 values an int32
     "w4a16-g32": ("W4A16", {"group_size": 32}),  # pack-quantized, 8 values an int32
@@ -33,7 +35,7 @@ SCHEMES = {
         {"group_size": 32, "ignore": ("re:.*mlp.down_proj",)},
     ),  # nvfp4-pack-quantized: FP4 values, FP8 group scales, global scales
 }
-ACTIVATION_QUANTIZED = {"FP8_DYNAMIC", "FP8", "W8A8"}  # presets whose inputs are quantized too
+ACTIVATION_QUANTIZED = {"FP8_DYNAMIC", "FP8", "FP8_BLOCK", "W8A8"}  # presets whose inputs are quantized too
 
 
 def _reference(base: str, folder: str) -> tuple[list[list[int]], torch.Tensor]:

@@ -84,7 +84,7 @@ def test_group_size_that_does_not_divide_the_input(ct_checkpoint, tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"strategy": "block", "block_structure": [128, 128]}, "weights strategy 'block'"),
+        ({"strategy": "tensor_group", "group_size": 16}, "weights strategy 'tensor_group'"),
         ({"actorder": "group"}, "weights actorder='group'"),
     ],
 )
@@ -131,4 +131,15 @@ def test_fused_parts_quantized_differently(ct_checkpoint, tmp_path):
         ct_checkpoint("FP8_DYNAMIC"), tmp_path / "m", config=lambda q: q["ignore"].append(f"{LAYER0}self_attn.k_proj")
     )
     with pytest.raises(ValueError, match="quantizes the parts of fused layer model.layers.0.self_attn.qkv_proj"):
+        _start(folder)
+
+
+def test_blocks_that_do_not_tile_a_fused_part(ct_checkpoint, tmp_path):
+    """An FP8_DYNAMIC checkpoint that claims blocks of 128 x 128: the tiny Llama's q projection has 64 outputs."""
+    folder = _edited(
+        ct_checkpoint("FP8_DYNAMIC"),
+        tmp_path / "m",
+        config=lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block", block_structure=[128, 128]),
+    )
+    with pytest.raises(ValueError, match=r"qkv_proj: blocks of \[128, 128\] do not tile its weight: outputs \[64, 32"):
         _start(folder)

@@ -22,7 +22,12 @@ from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import add_param
 
 
-class BlockFp8LinearMethod:
+class BlockFp8Weights:
+    """FP8 weights ``[out, in]`` and a float32 scale per block of ``[block_out, block_in]`` of them, under the
+    checkpoint's ``scale_name``; what transformers' layout and compressed-tensors' ``block`` strategy share."""
+
+    scale_name: str
+
     def __init__(self, block: tuple[int, int], prefix: str):
         self.block_out, self.block_in = block
         self.prefix = prefix
@@ -33,14 +38,14 @@ class BlockFp8LinearMethod:
             ranks = get_tp_size()
             per_rank = f" per rank (tensor_parallel_size={ranks})" if ranks > 1 else ""
             raise ValueError(
-                f"block-wise FP8 layer {self.prefix}: weight_block_size [{self.block_out}, {self.block_in}] does not "
-                f"tile its weight: outputs {sizes} (one entry per fused part), inputs {in_features}{per_rank}."
+                f"block-wise FP8 layer {self.prefix}: blocks of [{self.block_out}, {self.block_in}] do not tile its "
+                f"weight: outputs {sizes} (one entry per fused part), inputs {in_features}{per_rank}."
             )
         weight = torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn)
         add_param(layer, "weight", weight, output_dim=0, input_dim=1)
         # One row of scales per block_out outputs: a fused part's rows start at its first output over block_out.
         scales = torch.empty(out_features // self.block_out, in_features // self.block_in, dtype=torch.float32)
-        add_param(layer, "weight_scale_inv", scales, output_dim=0, input_dim=1, packed_dim=0,
+        add_param(layer, self.scale_name, scales, output_dim=0, input_dim=1, packed_dim=0,
                   packed_factor=self.block_out)  # fmt: skip
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -49,7 +54,13 @@ class BlockFp8LinearMethod:
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The weight in float32: each block times its scale."""
         blocks = layer.weight.float().unflatten(0, (-1, self.block_out)).unflatten(-1, (-1, self.block_in))
-        return (blocks * layer.weight_scale_inv[:, None, :, None]).flatten(-2).flatten(0, 1)
+        return (blocks * getattr(layer, self.scale_name)[:, None, :, None]).flatten(-2).flatten(0, 1)
+
+
+class BlockFp8LinearMethod(BlockFp8Weights):
+    """transformers' FineGrainedFP8 layout: weight-only."""
+
+    scale_name = "weight_scale_inv"
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

@@ -26,6 +26,10 @@ def make_linear_method(weights: dict | None, inputs: dict | None, fmt: str, pref
         raise unsupported(prefix, f"weights actorder={weights['actorder']!r} (GPTQ activation order with g_idx)")
     kind, bits = weights.get("type"), weights.get("num_bits")
     if kind == "float" and bits == 8 and fmt in ("float-quantized", "naive-quantized"):
+        if weights.get("strategy") == "block":
+            from brisk.layers.quantization.compressed_tensors.fp8_block import CompressedTensorsW8A8Fp8Block
+
+            return CompressedTensorsW8A8Fp8Block(weights, inputs, prefix)
         from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
 
         return CompressedTensorsW8A8Fp8(weights, inputs, prefix)
