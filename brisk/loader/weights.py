@@ -65,7 +65,10 @@ def fill_dummy_weights(model: nn.Module, seed: int) -> None:
             continue
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-        if param.is_floating_point():
+        if param.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # FP8 values: their scales set the magnitude
+            values = torch.empty(param.shape, device=param.device).uniform_(-1, 1, generator=generators[param.device])
+            param.data.copy_(values)
+        elif param.is_floating_point():
             param.data.uniform_(-1e-3, 1e-3, generator=generators[param.device])
         else:  # quantized integer codes (random values of a 4-bit range)
             param.data.random_(0, 16, generator=generators[param.device])

@@ -79,3 +79,13 @@ def test_bad_checkpoints_are_startup_errors(tiny_llama, tmp_path, config, error)
     folder = make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", (32, 32), **config)
     with pytest.raises(ValueError, match=error):
         LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+
+
+def test_random_weights_in_the_layout(tiny_llama, tmp_path):
+    """``load_format="dummy"`` fills FP8 values as FP8 (uniform in -1..1, their block scales setting the
+    magnitude), so the layout can be benchmarked at a model's shape without its weights."""
+    folder = make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", (32, 32))
+    llm = LLM(folder, device="cpu", load_format="dummy", kv_cache_memory_bytes=1 << 22)
+    qkv = llm.engine.model_runner.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight.dtype == torch.float8_e4m3fn and 0.5 < qkv.weight.float().abs().max() <= 1
+    assert len(brisk_greedy(llm, PROMPTS)[0]) == 10
