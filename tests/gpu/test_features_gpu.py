@@ -7,7 +7,8 @@ without CUDA; the CPU suite covers each one's logic):
 - FP8 weights (``torch._scaled_mm``, the FP8 GEMVs) and W4A16 weights (PyTorch's tinygemm in bf16) run end to
   end, CUDA graphs giving the eager path's tokens (bf16: the same kernels);
 - a worker process (``distributed_executor_backend="mp"``) gives the in-process engine's tokens;
-- structured outputs and logit bias: the token bitmask and the bias applied on the device.
+- structured outputs and logit bias: the token bitmask and the bias applied on the device;
+- GPTQ through the INT kernels and both block-wise FP8 layouts: the CPU's tokens in float32.
 """
 
 import json
@@ -173,3 +174,17 @@ def test_gptq_repacked_for_the_int_kernels(tiny, tmp_path, desc_act):
     folder, _ = make_gptq_checkpoint(tiny, tmp_path / "gptq", 4, 32, desc_act, False)
     cpu = LLM(folder, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 24)
     assert tokens(make(folder, dtype="float32")) == tokens(cpu)
+
+
+def test_block_fp8_layouts_match_the_cpu(tiny, tmp_path, ct_checkpoint):
+    """Block-wise FP8 in transformers' layout and compressed-tensors' (inputs quantized per group of channels),
+    emulated in float32 on CUDA through the graphs: the CPU's greedy tokens."""
+    from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+
+    folders = [
+        str(make_block_fp8_checkpoint(tiny, tmp_path / "fineGrained", (32, 32))),
+        ct_checkpoint("FP8_BLOCK", block_structure=(32, 32), input_group_size=32),
+    ]
+    for folder in folders:
+        cpu = LLM(folder, device="cpu", dtype="float32", kv_cache_memory_bytes=1 << 24)
+        assert tokens(make(folder, dtype="float32")) == tokens(cpu), folder
