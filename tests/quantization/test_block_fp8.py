@@ -71,7 +71,8 @@ def test_modules_not_converted_stay_unquantized(tiny_model_factory, tmp_path):
         ),
         ({"activation_scheme": "static"}, "activation_scheme 'static'"),
         ({"weight_block_size": [32]}, "weight_block_size must be two positive integers"),
-        ({"weight_block_size": None, "is_checkpoint_fp8_serialized": True}, "no weight_block_size"),
+        ({"activation_scheme": "none"}, "activation_scheme 'none': expected 'static' or 'dynamic'"),
+        ({"fmt": "e5m2"}, "fmt 'e5m2': FP8 weights must be e4m3"),
     ],
 )
 def test_bad_checkpoints_are_startup_errors(tiny_llama, tmp_path, config, error):

@@ -15,56 +15,72 @@ from brisk.distributed.parallel_state import tensor_model_parallel_all_reduce
 from brisk.layers.linear import set_weight_attrs
 from brisk.layers.quantization.base_config import QuantizationConfig
 from brisk.layers.quantization.block_fp8 import BlockFp8LinearMethod
+from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
 from brisk.layers.quantization.fp8_utils import fp8_linear, has_fp8_tensor_cores, quantize_fp8_per_row, row_amax
 
 
 class Fp8Config(QuantizationConfig):
-    """``fp8``: the flag (or a config without FP8 weights) quantizes a bf16/fp16/fp32 checkpoint while loading; a
-    ``quantization_config`` with ``weight_block_size`` is a checkpoint of block-wise FP8 weights
-    (``block_fp8.py``)."""
+    """``fp8``. The flag alone quantizes a bf16/fp16/fp32 checkpoint while loading. A checkpoint whose
+    ``quantization_config`` says ``fp8`` holds FP8 weights: with ``weight_block_size``, a scale per block
+    (transformers' FineGrainedFP8 layout, ``block_fp8.py``); without, one per tensor (AutoFP8's and vLLM's layout:
+    ``weight_scale``, and with ``activation_scheme: "static"`` an ``input_scale``), computed as compressed-tensors'
+    FP8 with per-tensor scales is."""
 
     name = "fp8"
 
-    def __init__(self, weight_block_size: tuple[int, int] | None = None, modules_to_not_convert: tuple = ()):
+    def __init__(
+        self,
+        activation_scheme: str | None = None,
+        weight_block_size: tuple[int, int] | None = None,
+        modules_to_not_convert: tuple[str, ...] = (),
+    ):
         super().__init__()
+        self.activation_scheme = activation_scheme  # None: quantize while loading
         self.weight_block_size = weight_block_size
         self.modules_to_not_convert = modules_to_not_convert
 
     @classmethod
     def from_config(cls, config: dict) -> Fp8Config:
+        if not config:  # the flag alone
+            return cls()
+        if config.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(f"quantization_config fmt {config['fmt']!r}: FP8 weights must be e4m3.")
+        scheme = config.get("activation_scheme", "dynamic")
+        if scheme not in ("static", "dynamic"):
+            raise ValueError(f"quantization_config activation_scheme {scheme!r}: expected 'static' or 'dynamic'.")
+        # AutoFP8 and vLLM name the layers they leave alone ignored_layers, transformers modules_to_not_convert.
+        skipped = (*(config.get("ignored_layers") or ()), *(config.get("modules_to_not_convert") or ()))
         block = config.get("weight_block_size")
         if block is None:
-            if config.get("is_checkpoint_fp8_serialized"):
-                raise ValueError(
-                    "quantization_config quant_method 'fp8' with FP8 weights but no weight_block_size (per-tensor "
-                    "FP8 checkpoints) is not supported; save it with compressed-tensors (llmcompressor's FP8 "
-                    "schemes) or from bf16 weights, which quantization='fp8' quantizes while loading."
-                )
-            return cls()
+            return cls(scheme, None, skipped)
         if not (
             isinstance(block, list | tuple) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
         ):
             raise ValueError(f"quantization_config weight_block_size must be two positive integers, got {block!r}.")
-        if config.get("fmt", "e4m3") != "e4m3":
-            raise ValueError(f"quantization_config fmt {config['fmt']!r}: block-wise FP8 weights must be e4m3.")
-        if config.get("activation_scheme", "dynamic") != "dynamic":
+        if scheme != "dynamic":
             raise ValueError(
-                f"quantization_config activation_scheme {config['activation_scheme']!r}: block-wise FP8 "
-                "checkpoints are supported with activation_scheme 'dynamic' only."
+                f"quantization_config activation_scheme {scheme!r}: block-wise FP8 checkpoints are supported with "
+                "activation_scheme 'dynamic' only."
             )
-        return cls(tuple(block), tuple(config.get("modules_to_not_convert") or ()))
+        return cls(scheme, tuple(block), skipped)
 
-    def get_quant_method(self, layer: nn.Module, prefix: str) -> Fp8OnlineLinearMethod | BlockFp8LinearMethod | None:
-        if self.weight_block_size is None:
+    def get_quant_method(self, layer: nn.Module, prefix: str):
+        if self.activation_scheme is None:
             return Fp8OnlineLinearMethod()
         names = self.checkpoint_names(prefix)
         kept = {name: any(module in name for module in self.modules_to_not_convert) for name in names}
         if len(set(kept.values())) > 1:
             raise ValueError(
-                f"block-wise FP8 checkpoint leaves some parts of fused layer {prefix} unquantized "
-                f"(modules_to_not_convert: {list(self.modules_to_not_convert)}); brisk needs the parts alike."
+                f"FP8 checkpoint leaves some parts of fused layer {prefix} unquantized "
+                f"({list(self.modules_to_not_convert)}); brisk needs the parts alike."
             )
-        return None if kept[names[0]] else BlockFp8LinearMethod(self.weight_block_size, prefix)
+        if kept[names[0]]:
+            return None
+        if self.weight_block_size is not None:
+            return BlockFp8LinearMethod(self.weight_block_size, prefix)
+        dynamic = self.activation_scheme == "dynamic"
+        inputs = {"type": "float", "num_bits": 8, "dynamic": dynamic, "strategy": "token" if dynamic else "tensor"}
+        return CompressedTensorsW8A8Fp8({"strategy": "tensor"}, inputs, prefix)
 
 
 class Fp8OnlineLinearMethod:
