@@ -223,10 +223,12 @@ class LlamaForCausalLM(nn.Module):
             name = self._stage_tensor_name(name)
             if name is None:  # another pipeline stage's
                 continue
-            if name.endswith((".self_attn.k_scale", ".self_attn.v_scale")):  # FP8 KV-cache scales
+            # FP8 KV-cache scales; AutoFP8's kv_scale is both k_scale and v_scale.
+            if name.endswith((".self_attn.k_scale", ".self_attn.v_scale", ".self_attn.kv_scale")):
                 layer = self.model.layers[int(name.split(".")[2])]
                 try:
-                    layer.self_attn.attn.load_kv_scale(name[-7], tensor)
+                    for which in name.rpartition(".")[2].removesuffix("_scale"):
+                        layer.self_attn.attn.load_kv_scale(which, tensor)
                 except ValueError as exc:
                     raise ValueError(f"checkpoint tensor {name!r}: {exc}") from None
                 continue

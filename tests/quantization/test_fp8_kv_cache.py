@@ -110,6 +110,13 @@ def test_checkpoint_kv_scales(tiny_llama, tmp_path):
     llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
 
 
+def test_autofp8_kv_scale_is_both(tiny_llama, tmp_path):
+    """AutoFP8's checkpoints carry one ``kv_scale`` per layer for keys and values (vLLM reads it as both)."""
+    folder = with_extra_tensors(tiny_llama, tmp_path / "m", {"model.layers.1.self_attn.kv_scale": torch.tensor(0.25)})
+    impl = _llm(folder, kv_cache_memory_bytes=1 << 22).engine.model_runner.model.model.layers[1].self_attn.attn.impl
+    assert (impl.k_scale, impl.v_scale) == (0.25, 0.25)
+
+
 def test_bad_checkpoint_kv_scale(tiny_llama, tmp_path):
     name = "model.layers.0.self_attn.v_scale"
     folder = with_extra_tensors(tiny_llama, tmp_path / "m", {name: torch.tensor([1.0, 2.0])})
