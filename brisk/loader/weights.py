@@ -11,6 +11,7 @@ from torch import nn
 
 from brisk.config import ModelConfig
 from brisk.distributed.parallel_state import get_tp_size
+from brisk.layers.quantization.fp8_utils import FP8_DTYPES
 from brisk.loader.lazy_tensor import LazyTensor
 from brisk.models.registry import get_model_class
 
@@ -58,20 +59,31 @@ def iterate_safetensors(
 
 
 def fill_dummy_weights(model: nn.Module, seed: int) -> None:
-    """Small uniform values: numerically tame through many layers, same speed as real weights."""
+    """Small uniform values: numerically tame through many layers, same speed as real weights. Quantized formats'
+    scales are positive and set their values' magnitude: about 1e-3 (a global scale, which divides, is 1), and FP8
+    values are uniform in -1..1 (``uniform_`` has no FP8 kernel)."""
     generators: dict[torch.device, torch.Generator] = {}
-    for param in model.parameters():
+    for name, param in model.named_parameters():
         if not getattr(param, "random_fill", True):  # layout metadata (a packed weight's shape) keeps its value
             continue
         if param.device not in generators:
             generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-        if param.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # FP8 values: their scales set the magnitude
-            values = torch.empty(param.shape, device=param.device).uniform_(-1, 1, generator=generators[param.device])
+        generator = generators[param.device]
+        is_fp8 = param.dtype in FP8_DTYPES
+        if name.endswith("global_scale"):
+            param.data.fill_(1.0)
+        elif name.endswith(("_scale", "_scale_inv")) and param.is_floating_point():
+            if is_fp8:  # FP8 group scales (NVFP4): the smallest FP8 subnormal's multiple nearest 1e-3
+                param.data.fill_(2.0**-9)
+            else:
+                param.data.uniform_(1e-3, 2e-3, generator=generator)
+        elif is_fp8:
+            values = torch.empty(param.shape, device=param.device).uniform_(-1, 1, generator=generator)
             param.data.copy_(values)
         elif param.is_floating_point():
-            param.data.uniform_(-1e-3, 1e-3, generator=generators[param.device])
+            param.data.uniform_(-1e-3, 1e-3, generator=generator)
         else:  # quantized integer codes (random values of a 4-bit range)
-            param.data.random_(0, 16, generator=generators[param.device])
+            param.data.random_(0, 16, generator=generator)
 
 
 def load_model(model_config: ModelConfig, device: torch.device, load_format: str, attention_backend: str, seed: int):

@@ -21,6 +21,7 @@ from brisk.layers.embedding import LMHead, VocabEmbedding
 from brisk.layers.fused_linear import rms_norm_gated_mlp, rms_norm_linear
 from brisk.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, check_loaded_shape
 from brisk.layers.norm import RMSNorm
+from brisk.layers.quantization.fp8_utils import FP8_DTYPES
 from brisk.layers.rotary import RotaryEmbedding, rope_parameters
 
 
@@ -245,6 +246,12 @@ class LlamaForCausalLM(nn.Module):
                     raise ValueError(
                         f"dtype {tensor.dtype}, expected {param.dtype} (a quantized checkpoint needs the "
                         "quantization_config its tool writes into config.json)"
+                    )
+                if param.dtype in FP8_DTYPES and tensor.dtype not in FP8_DTYPES:
+                    raise ValueError(
+                        f"dtype {tensor.dtype}, expected FP8 values ({param.dtype}) as config.json's "
+                        "quantization_config says; for a bf16/fp16/fp32 checkpoint remove quantization_config and "
+                        "pass quantization='fp8' to quantize it while loading"
                     )
                 loader = getattr(param, "weight_loader", None)
                 if loader is None:

@@ -14,7 +14,7 @@ from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
 from brisk import LLM
 from brisk.layers.linear import UnquantizedLinearMethod
-from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+from tests.quantization.block_fp8_checkpoints import LINEARS, make_block_fp8_checkpoint
 from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, model_with_weights, reference_greedy
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
@@ -90,3 +90,23 @@ def test_random_weights_in_the_layout(tiny_llama, tmp_path):
     qkv = llm.engine.model_runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.dtype == torch.float8_e4m3fn and 0.5 < qkv.weight.float().abs().max() <= 1
     assert len(brisk_greedy(llm, PROMPTS)[0]) == 10
+
+
+def test_modules_to_not_convert_read_as_transformers_reads_them(tiny_llama, tmp_path):
+    """A regular expression from the start of the name, up to a module boundary ("mlp.gate" is not gate_proj)."""
+    folder = make_block_fp8_checkpoint(
+        tiny_llama, tmp_path / "m", (32, 32), not_converted=("down_proj",),
+        modules_to_not_convert=[r"model\.layers\.\d+\.mlp\.down_proj", "mlp.gate", "lm_head"],
+    )  # fmt: skip
+    layer = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22).engine.model_runner.model.model.layers[1]
+    assert type(layer.mlp.down_proj.quant_method) is UnquantizedLinearMethod
+    assert layer.mlp.gate_up_proj.weight.dtype == torch.float8_e4m3fn
+
+
+def test_a_float_checkpoint_that_claims_fp8_weights(tiny_llama, tmp_path):
+    """config.json says FP8 (block-wise) but the weights are float32: an error that says what to do."""
+    folder = make_block_fp8_checkpoint(
+        tiny_llama, tmp_path / "m", (32, 32), not_converted=LINEARS, modules_to_not_convert=[]
+    )
+    with pytest.raises(ValueError, match="remove quantization_config and pass quantization='fp8'"):
+        LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)

@@ -8,6 +8,8 @@ a row-parallel layer are quantized per token over this rank's slice of them, as 
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -68,7 +70,7 @@ class Fp8Config(QuantizationConfig):
         if self.activation_scheme is None:
             return Fp8OnlineLinearMethod()
         names = self.checkpoint_names(prefix)
-        kept = {name: any(module in name for module in self.modules_to_not_convert) for name in names}
+        kept = {name: _named_in(name, self.modules_to_not_convert) for name in names}
         if len(set(kept.values())) > 1:
             raise ValueError(
                 f"FP8 checkpoint leaves some parts of fused layer {prefix} unquantized "
@@ -81,6 +83,14 @@ class Fp8Config(QuantizationConfig):
         dynamic = self.activation_scheme == "dynamic"
         inputs = {"type": "float", "num_bits": 8, "dynamic": dynamic, "strategy": "token" if dynamic else "tensor"}
         return CompressedTensorsW8A8Fp8({"strategy": "tensor"}, inputs, prefix)
+
+
+def _named_in(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether checkpoint module ``name`` is one that a ``modules_to_not_convert`` / ``ignored_layers`` entry names,
+    read as transformers reads them: a regular expression matched from the start of the name up to the end of a
+    module name ("model.layers.1" is not layer 11), or a suffix of the name ("down_proj"). vLLM's exact names
+    match both ways."""
+    return any(re.match(f"(?:{pattern})(?:\\.|$)", name) or name.endswith(pattern) for pattern in patterns)
 
 
 class Fp8OnlineLinearMethod:

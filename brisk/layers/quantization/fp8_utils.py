@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from brisk.layers.fused import scaled_dense
 
 FP8_DTYPE = torch.float8_e4m3fn
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # what a checkpoint's FP8 tensors may be stored as
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 _MIN_SCALE = 1e-12  # an all-zero row or token still gets a usable scale
 

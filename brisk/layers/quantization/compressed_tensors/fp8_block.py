@@ -8,6 +8,8 @@ matmul multiplies them by the dequantized weight in float32 (on a GPU too: not y
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,8 @@ class CompressedTensorsW8A8Fp8Block(BlockFp8Weights):
 
     def __init__(self, weights: dict, inputs: dict | None, prefix: str):
         block = weights.get("block_structure")
+        if isinstance(block, str) and re.fullmatch(r"\d+x\d+", block):  # the library's older spelling, "128x128"
+            block = [int(size) for size in block.split("x")]
         if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
             raise unsupported(prefix, f"block_structure {block!r} (two positive integers expected)")
         super().__init__(tuple(block), prefix)
@@ -34,6 +38,8 @@ class CompressedTensorsW8A8Fp8Block(BlockFp8Weights):
                 raise unsupported(prefix, f"block-wise FP8 weights with input strategy {self.input_strategy!r} "
                                           f"(dynamic={inputs.get('dynamic')})")  # fmt: skip
         self.input_group = inputs.get("group_size") if self.input_strategy == "group" else None
+        if self.input_strategy == "group" and not (isinstance(self.input_group, int) and self.input_group > 0):
+            raise unsupported(prefix, f"input strategy 'group' with group_size {self.input_group!r}")
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
         if self.input_group and in_features % self.input_group:
