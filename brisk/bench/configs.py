@@ -121,6 +121,15 @@ W4A16_QUANTIZATION_CONFIG: dict = {
     },
 }
 
+# The 8B shape as a block-wise FP8 checkpoint in transformers' FineGrainedFP8 layout (the layout of DeepSeek-V3's and
+# Qwen3's FP8 releases): random FP8 values and block scales with ``--load-format dummy``.
+FP8_BLOCK_QUANTIZATION_CONFIG: dict = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "weight_block_size": [128, 128],
+}
+
 # Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct (the speculative-decoding pair of docs/benchmarks.md), for timing
 # speculative steps at their real shapes.
 QWEN25_CODER_15B_CONFIG: dict = {
@@ -153,6 +162,7 @@ QWEN25_CODER_05B_CONFIG: dict = {
 NAMED_CONFIGS: dict[str, dict] = {
     "llama-3.1-8b-shape": LLAMA31_8B_CONFIG,
     "llama-3.1-8b-shape-w4a16": {**LLAMA31_8B_CONFIG, "quantization_config": W4A16_QUANTIZATION_CONFIG},
+    "llama-3.1-8b-shape-fp8-block": {**LLAMA31_8B_CONFIG, "quantization_config": FP8_BLOCK_QUANTIZATION_CONFIG},
     "llama-3.1-8b-shape-smollm2-vocab": LLAMA31_8B_SMOLLM2_VOCAB_CONFIG,
     "llama-tiny-shape": LLAMA_TINY_CONFIG,
     "qwen2.5-coder-1.5b-shape": QWEN25_CODER_15B_CONFIG,
