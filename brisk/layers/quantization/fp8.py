@@ -1,5 +1,6 @@
-"""``quantization="fp8"`` on a bf16/fp16/fp32 checkpoint: each linear layer's weight is quantized to FP8 once it
-is loaded (a float32 scale per output channel) and its input per token at run time.
+"""``quant_method: "fp8"``: ``quantization="fp8"`` on a bf16/fp16/fp32 checkpoint, where each linear layer's weight
+is quantized to FP8 once it is loaded (a float32 scale per output channel) and its input per token at run time;
+or a checkpoint that holds FP8 weights (``Fp8Config``).
 
 Under tensor parallelism each weight row keeps the scale it has on one rank (a row-parallel layer's ranks agree
 on the row's largest magnitude), so every rank's FP8 weights are a slice of the single-rank ones. The inputs of
@@ -15,7 +16,7 @@ from torch import nn
 
 from brisk.distributed.parallel_state import tensor_model_parallel_all_reduce
 from brisk.layers.linear import set_weight_attrs
-from brisk.layers.quantization.base_config import QuantizationConfig
+from brisk.layers.quantization.base_config import LinearMethod, QuantizationConfig
 from brisk.layers.quantization.block_fp8 import BlockFp8LinearMethod
 from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
 from brisk.layers.quantization.fp8_utils import fp8_linear, has_fp8_tensor_cores, quantize_fp8_per_row, row_amax
@@ -66,7 +67,7 @@ class Fp8Config(QuantizationConfig):
             )
         return cls(scheme, tuple(block), skipped)
 
-    def get_quant_method(self, layer: nn.Module, prefix: str):
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         if self.activation_scheme is None:
             return Fp8OnlineLinearMethod()
         names = self.checkpoint_names(prefix)
