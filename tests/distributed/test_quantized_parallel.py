@@ -18,7 +18,7 @@ PROMPTS = [[(7 * i + j) % 300 + 10 for j in range(12 + 5 * i)] for i in range(3)
 # each rank computes exactly a slice of the one-rank products.
 # The FP8 KV cache with the checkpoint's per-layer k_scale / v_scale: every rank divides its heads by them.
 EXACT = ["gptq-4bit-desc-act", "gptq-8bit", "awq", "w4a16-g32-asym", "w4a16-channel-asym", "fp8-static",
-         "nvfp4a16", "fp8-kv-scales", "block-fp8", "ct-fp8-block"]  # fmt: skip
+         "nvfp4a16", "fp8-kv-scales", "block-fp8", "ct-fp8-block", "fp8-per-tensor-transformers"]  # fmt: skip
 # Inputs quantized per token at run time: a row-parallel rank scales its slice of each token by that slice's
 # largest magnitude (as vLLM does), a finer quantization than one rank's, so the results differ slightly.
 # (FP8_DYNAMIC checkpoints compute what the online FP8 does; W8A8 loads per-channel scales from the checkpoint.)
@@ -35,8 +35,12 @@ def _checkpoint(name: str, base: str, tmp_path, ct_checkpoint) -> tuple[str, dic
         return make_gptq_checkpoint(base, tmp_path / name, bits, 32, desc_act=desc_act, sym=not desc_act)[0], {}
     if name == "awq":
         return make_awq_checkpoint(base, tmp_path / name, zero_point=True), {}
+    if name == "fp8-per-tensor-transformers":  # static per-tensor scales under transformers' names
+        from tests.quantization.fp8_checkpoints import as_fp8_config
+
+        return str(as_fp8_config(ct_checkpoint("FP8"), tmp_path / name, "static", [], "transformers")), {}
     if name == "block-fp8":  # blocks of 16 outputs: one rank's k and v projections hold 16 each
-        from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+        from tests.quantization.fp8_checkpoints import make_block_fp8_checkpoint
 
         return str(make_block_fp8_checkpoint(base, tmp_path / name, (16, 32))), {}
     if name == "fp8-online":

@@ -179,7 +179,7 @@ def test_gptq_repacked_for_the_int_kernels(tiny, tmp_path, desc_act):
 def test_block_fp8_layouts_match_the_cpu(tiny, tmp_path, ct_checkpoint):
     """Block-wise FP8 in transformers' layout and compressed-tensors' (inputs quantized per group of channels),
     emulated in float32 on CUDA through the graphs: the CPU's greedy tokens."""
-    from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+    from tests.quantization.fp8_checkpoints import make_block_fp8_checkpoint
 
     folders = [
         str(make_block_fp8_checkpoint(tiny, tmp_path / "fineGrained", (32, 32))),

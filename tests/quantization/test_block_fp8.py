@@ -14,8 +14,8 @@ from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
 from brisk import LLM
 from brisk.layers.linear import UnquantizedLinearMethod
-from tests.quantization.block_fp8_checkpoints import LINEARS, make_block_fp8_checkpoint
 from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, model_with_weights, reference_greedy
+from tests.quantization.fp8_checkpoints import LINEARS, make_block_fp8_checkpoint
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
 

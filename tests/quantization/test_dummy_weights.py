@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from brisk import LLM, SamplingParams
-from tests.quantization.block_fp8_checkpoints import make_block_fp8_checkpoint
+from tests.quantization.fp8_checkpoints import make_block_fp8_checkpoint
 
 PROMPT = [[5, 17, 42, 99, 7, 3, 250, 11]]
 

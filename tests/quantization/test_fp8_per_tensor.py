@@ -1,12 +1,9 @@
 """FP8 checkpoints with one scale per tensor in AutoFP8's and vLLM's layout (``quant_method: "fp8"`` without
 ``weight_block_size``: ``weight`` in FP8, ``weight_scale``, and with ``activation_scheme: "static"`` an
-``input_scale``; the layout of the 2024 "-FP8" releases). Those are the tensors compressed-tensors saves for FP8
+``input_scale``; the layout of the 2024 "-FP8" releases), and in transformers' (``weight_block_size`` null,
+``weight_scale_inv`` and ``activation_scale``). Those are the tensors compressed-tensors saves for FP8
 with per-tensor scales, so the library makes them here and only the config differs: brisk's greedy tokens equal
 the library's decompression run by transformers, and its logits brisk's on the compressed-tensors config."""
-
-import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,20 +13,9 @@ from brisk import LLM, SamplingParams
 from brisk.layers.linear import UnquantizedLinearMethod
 from tests.quantization.ct_checkpoints import library_reference_model
 from tests.quantization.dequantized import brisk_greedy, reference_greedy
+from tests.quantization.fp8_checkpoints import as_fp8_config
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):", "Numbers: 0 1 2 3 4 5"]
-
-
-def as_autofp8(ct_folder: str, out: Path, activation_scheme: str, ignored: list[str]) -> Path:
-    shutil.copytree(ct_folder, out)
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = {
-        "quant_method": "fp8",
-        "activation_scheme": activation_scheme,
-        "ignored_layers": ["lm_head", *ignored],
-    }
-    (out / "config.json").write_text(json.dumps(config))
-    return out
 
 
 def last_logits(llm: LLM) -> torch.Tensor:
@@ -39,6 +25,7 @@ def last_logits(llm: LLM) -> torch.Tensor:
     return torch.tensor([[lp.logprob for lp in o.outputs[0].logprobs[0].values()] for o in outputs])
 
 
+@pytest.mark.parametrize("layout", ["autofp8", "transformers"])
 @pytest.mark.parametrize(
     ("scheme", "preset", "args"),
     [
@@ -47,10 +34,10 @@ def last_logits(llm: LLM) -> torch.Tensor:
         ("static", "FP8", {"ignore": ("re:.*mlp.down_proj",)}),  # ignored_layers left in float
     ],
 )
-def test_matches_the_library_on_the_same_tensors(ct_checkpoint, tiny_llama, tmp_path, scheme, preset, args):
+def test_matches_the_library_on_the_same_tensors(ct_checkpoint, tiny_llama, tmp_path, scheme, preset, args, layout):
     ct_folder = ct_checkpoint(preset, **args)
     ignored = ["down_proj"] if "ignore" in args else []
-    folder = as_autofp8(ct_folder, tmp_path / "m", scheme, ignored)
+    folder = as_fp8_config(ct_folder, tmp_path / "m", scheme, ignored, layout)
     llm = LLM(str(folder), device="cpu", kv_cache_memory_bytes=1 << 22)
     layer = llm.engine.model_runner.model.model.layers[0]
     assert layer.self_attn.qkv_proj.weight.dtype == torch.float8_e4m3fn

@@ -26,8 +26,8 @@ class Fp8Config(QuantizationConfig):
     """``fp8``. The flag alone quantizes a bf16/fp16/fp32 checkpoint while loading. A checkpoint whose
     ``quantization_config`` says ``fp8`` holds FP8 weights: with ``weight_block_size``, a scale per block
     (transformers' FineGrainedFP8 layout, ``block_fp8.py``); without, one per tensor (AutoFP8's and vLLM's layout:
-    ``weight_scale``, and with ``activation_scheme: "static"`` an ``input_scale``), computed as compressed-tensors'
-    FP8 with per-tensor scales is."""
+    ``weight_scale``, and with ``activation_scheme: "static"`` an ``input_scale``; transformers' names them
+    ``weight_scale_inv`` and ``activation_scale``), computed as compressed-tensors' FP8 with per-tensor scales is."""
 
     name = "fp8"
 
@@ -36,11 +36,13 @@ class Fp8Config(QuantizationConfig):
         activation_scheme: str | None = None,
         weight_block_size: tuple[int, int] | None = None,
         modules_to_not_convert: tuple[str, ...] = (),
+        transformers_names: bool = False,
     ):
         super().__init__()
         self.activation_scheme = activation_scheme  # None: quantize while loading
         self.weight_block_size = weight_block_size
         self.modules_to_not_convert = modules_to_not_convert
+        self.transformers_names = transformers_names
 
     @classmethod
     def from_config(cls, config: dict) -> Fp8Config:
@@ -55,7 +57,9 @@ class Fp8Config(QuantizationConfig):
         skipped = (*(config.get("ignored_layers") or ()), *(config.get("modules_to_not_convert") or ()))
         block = config.get("weight_block_size")
         if block is None:
-            return cls(scheme, None, skipped)
+            # transformers writes weight_block_size (null for per-tensor scales) and its own tensor names; AutoFP8
+            # and vLLM do not write the field.
+            return cls(scheme, None, skipped, transformers_names="weight_block_size" in config)
         if not (
             isinstance(block, list | tuple) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
         ):
@@ -83,7 +87,29 @@ class Fp8Config(QuantizationConfig):
             return BlockFp8LinearMethod(self.weight_block_size, prefix)
         dynamic = self.activation_scheme == "dynamic"
         inputs = {"type": "float", "num_bits": 8, "dynamic": dynamic, "strategy": "token" if dynamic else "tensor"}
-        return CompressedTensorsW8A8Fp8({"strategy": "tensor"}, inputs, prefix)
+        method = PerTensorFp8UnderTransformersNames if self.transformers_names else CompressedTensorsW8A8Fp8
+        return method({"strategy": "tensor"}, inputs, prefix)
+
+
+class PerTensorFp8UnderTransformersNames(CompressedTensorsW8A8Fp8):
+    """transformers' FineGrainedFP8 without blocks: one scale per tensor, ``weight_scale_inv`` (multiplied) and with
+    static activations ``activation_scale``; loaded under those names, then computed with as per-tensor FP8 is."""
+
+    RENAMES = {"weight_scale": "weight_scale_inv", "input_scale": "activation_scale"}
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int, dtype: torch.dtype) -> None:
+        super().create_weights(layer, in_features, out_features, dtype)
+        self._rename(layer, self.RENAMES)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self._rename(layer, {theirs: ours for ours, theirs in self.RENAMES.items()})
+        super().process_weights_after_loading(layer)
+
+    @staticmethod
+    def _rename(layer: nn.Module, names: dict[str, str]) -> None:
+        for old, new in names.items():
+            if old in layer._parameters:
+                layer.register_parameter(new, layer._parameters.pop(old))
 
 
 def _named_in(name: str, patterns: tuple[str, ...]) -> bool:

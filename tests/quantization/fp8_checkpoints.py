@@ -1,7 +1,7 @@
-"""Block-wise FP8 checkpoints in transformers' FineGrainedFP8 layout, written from a float checkpoint as
-DeepSeek-V3's and Qwen3's FP8 releases store them: each linear layer's ``weight`` in FP8 (E4M3) and a float32
-``weight_scale_inv`` per block, ``quantization_config`` ``{"quant_method": "fp8", "weight_block_size": [...]}``
-(transformers itself quantizes to this layout only on a GPU)."""
+"""Checkpoints with ``quant_method: "fp8"``: block-wise FP8 in transformers' FineGrainedFP8 layout, written from a
+float checkpoint as DeepSeek-V3's and Qwen3's FP8 releases store them (each linear layer's ``weight`` in FP8 and a
+float32 ``weight_scale_inv`` per block; transformers itself quantizes to this layout only on a GPU), and
+per-tensor FP8 under AutoFP8's or transformers' config, from a compressed-tensors checkpoint's tensors."""
 
 from __future__ import annotations
 
@@ -45,4 +45,30 @@ def make_block_fp8_checkpoint(base: str, out: Path, block: tuple[int, int], not_
         **config,
     }
     (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def as_fp8_config(ct_folder: str, out: Path, activation_scheme: str, ignored: list[str], layout: str) -> Path:
+    """The compressed-tensors checkpoint under AutoFP8's config, or transformers' (``weight_block_size`` null, its
+    tensors renamed ``weight_scale_inv`` and ``activation_scale``)."""
+    shutil.copytree(ct_folder, out)
+    config = json.loads((out / "config.json").read_text())
+    quantization = {"quant_method": "fp8", "activation_scheme": activation_scheme}
+    if layout == "autofp8":
+        quantization["ignored_layers"] = ["lm_head", *ignored]
+    else:
+        quantization |= {
+            "weight_block_size": None,
+            "dequantize": False,
+            "modules_to_not_convert": ["lm_head", *ignored],
+        }
+        renames = {".weight_scale": ".weight_scale_inv", ".input_scale": ".activation_scale"}
+        state = load_file(out / "model.safetensors")
+        for name in list(state):
+            for old, new in renames.items():
+                if name.endswith(old):
+                    state[name.removesuffix(old) + new] = state.pop(name)
+        save_file(state, out / "model.safetensors")
+    config["quantization_config"] = quantization
+    (out / "config.json").write_text(json.dumps(config))
     return out
