@@ -22,6 +22,13 @@ from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.quantization.base_config import add_param
 
 
+def block_shape(value) -> tuple[int, int] | None:
+    """A block size as configs give it (two positive integers), or None if ``value`` is not one."""
+    if isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value):
+        return tuple(value)
+    return None
+
+
 class BlockFp8Weights:
     """FP8 weights ``[out, in]`` and a float32 scale per block of ``[block_out, block_in]`` of them, under the
     checkpoint's ``scale_name``; what transformers' layout and compressed-tensors' ``block`` strategy share."""
@@ -56,11 +63,12 @@ class BlockFp8Weights:
         blocks = layer.weight.float().unflatten(0, (-1, self.block_out)).unflatten(-1, (-1, self.block_in))
         return (blocks * getattr(layer, self.scale_name)[:, None, :, None]).flatten(-2).flatten(0, 1)
 
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Weight-only: the input as it is, times the dequantized weight."""
+        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
+
 
 class BlockFp8LinearMethod(BlockFp8Weights):
-    """transformers' FineGrainedFP8 layout: weight-only."""
+    """transformers' FineGrainedFP8 layout."""
 
     scale_name = "weight_scale_inv"
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)

@@ -17,7 +17,7 @@ from torch import nn
 from brisk.distributed.parallel_state import tensor_model_parallel_all_reduce
 from brisk.layers.linear import set_weight_attrs
 from brisk.layers.quantization.base_config import LinearMethod, QuantizationConfig
-from brisk.layers.quantization.block_fp8 import BlockFp8LinearMethod
+from brisk.layers.quantization.block_fp8 import BlockFp8LinearMethod, block_shape
 from brisk.layers.quantization.compressed_tensors.fp8 import CompressedTensorsW8A8Fp8
 from brisk.layers.quantization.fp8_utils import fp8_linear, has_fp8_tensor_cores, quantize_fp8_per_row, row_amax
 
@@ -60,16 +60,14 @@ class Fp8Config(QuantizationConfig):
             # transformers writes weight_block_size (null for per-tensor scales) and its own tensor names; AutoFP8
             # and vLLM do not write the field.
             return cls(scheme, None, skipped, transformers_names="weight_block_size" in config)
-        if not (
-            isinstance(block, list | tuple) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
-        ):
+        if block_shape(block) is None:
             raise ValueError(f"quantization_config weight_block_size must be two positive integers, got {block!r}.")
         if scheme != "dynamic":
             raise ValueError(
                 f"quantization_config activation_scheme {scheme!r}: block-wise FP8 checkpoints are supported with "
                 "activation_scheme 'dynamic' only."
             )
-        return cls(scheme, tuple(block), skipped)
+        return cls(scheme, block_shape(block), skipped)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         if self.activation_scheme is None:

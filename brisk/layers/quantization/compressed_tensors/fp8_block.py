@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.quantization.block_fp8 import BlockFp8Weights
+from brisk.layers.quantization.block_fp8 import BlockFp8Weights, block_shape
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
 
@@ -26,9 +26,12 @@ class CompressedTensorsW8A8Fp8Block(BlockFp8Weights):
         block = weights.get("block_structure")
         if isinstance(block, str) and re.fullmatch(r"\d+x\d+", block):  # the library's older spelling, "128x128"
             block = [int(size) for size in block.split("x")]
-        if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-            raise unsupported(prefix, f"block_structure {block!r} (two positive integers expected)")
-        super().__init__(tuple(block), prefix)
+        block = block_shape(block)
+        if block is None:
+            raise unsupported(
+                prefix, f"block_structure {weights.get('block_structure')!r} (two positive integers expected)"
+            )
+        super().__init__(block, prefix)
         self.input_strategy = None if inputs is None else inputs.get("strategy")
         if inputs is not None:
             if inputs.get("type") != "float" or inputs.get("num_bits") != 8 or not inputs.get("symmetric", True):
@@ -47,9 +50,9 @@ class CompressedTensorsW8A8Fp8Block(BlockFp8Weights):
         super().create_weights(layer, in_features, out_features, dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        weight = self.dequantized_weight(layer)
         if self.input_strategy is None:
-            return F.linear(x, weight.to(x.dtype), bias)
+            return super().apply(layer, x, bias)
+        weight = self.dequantized_weight(layer)
         groups = x.reshape(-1, x.shape[-1]).unflatten(-1, (-1, self.input_group or x.shape[-1]))
         quantized, scale = quantize_fp8_per_row(groups)  # one scale per token and group
         out = F.linear(dequantize(quantized, scale).flatten(-2), weight).to(x.dtype)
