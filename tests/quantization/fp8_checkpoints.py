@@ -1,7 +1,8 @@
 """Checkpoints with ``quant_method: "fp8"``: block-wise FP8 in transformers' FineGrainedFP8 layout, written from a
 float checkpoint as DeepSeek-V3's and Qwen3's FP8 releases store them (each linear layer's ``weight`` in FP8 and a
-float32 ``weight_scale_inv`` per block; transformers itself quantizes to this layout only on a GPU), and
-per-tensor FP8 under AutoFP8's or transformers' config, from a compressed-tensors checkpoint's tensors."""
+float32 ``weight_scale_inv`` per block; transformers itself quantizes to this layout only on a GPU), optionally with
+an FP8 embedding table, and per-tensor FP8 under AutoFP8's or transformers' config, from a compressed-tensors
+checkpoint's tensors."""
 
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def make_block_fp8_checkpoint(base: str, out: Path, block: tuple[int, int], not_
     }
     (out / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+def quantize_embedding(folder: Path) -> Path:
+    """``folder``'s embedding table in FP8 with one float32 ``weight_scale`` of shape (1,), listed in
+    ``modules_to_convert``: as transformers stores an ``FP8Embedding``."""
+    state = load_file(folder / "model.safetensors")
+    table = state["model.embed_tokens.weight"].float()
+    scale = (table.abs().max() / FP8_MAX).reshape(1)
+    state["model.embed_tokens.weight"] = (table / scale).to(torch.float8_e4m3fn)
+    state["model.embed_tokens.weight_scale"] = scale
+    save_file(state, folder / "model.safetensors")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_convert"] = ["embed_tokens"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
 
 
 def as_fp8_config(ct_folder: str, out: Path, activation_scheme: str, ignored: list[str], layout: str) -> Path:

@@ -15,7 +15,8 @@ from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 from brisk import LLM
 from brisk.layers.linear import UnquantizedLinearMethod
 from tests.quantization.dequantized import assert_weights_equal, brisk_greedy, model_with_weights, reference_greedy
-from tests.quantization.fp8_checkpoints import LINEARS, make_block_fp8_checkpoint
+from tests.quantization.extra_tensors import with_extra_tensors
+from tests.quantization.fp8_checkpoints import LINEARS, make_block_fp8_checkpoint, quantize_embedding
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def add(a, b):"]
 
@@ -73,6 +74,10 @@ def test_modules_not_converted_stay_unquantized(tiny_model_factory, tmp_path):
         ({"weight_block_size": [32]}, "weight_block_size must be two positive integers"),
         ({"activation_scheme": "none"}, "activation_scheme 'none': expected 'static' or 'dynamic'"),
         ({"fmt": "e5m2"}, "fmt 'e5m2': FP8 weights must be e4m3"),
+        (
+            {"kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}},
+            r"kv_cache_scheme \{'num_bits': 8.*\(or set it to null\) and pass kv_cache_dtype='fp8'",
+        ),
     ],
 )
 def test_bad_checkpoints_are_startup_errors(tiny_llama, tmp_path, config, error):
@@ -110,3 +115,57 @@ def test_a_float_checkpoint_that_claims_fp8_weights(tiny_llama, tmp_path):
     )
     with pytest.raises(ValueError, match="remove quantization_config and pass quantization='fp8'"):
         LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+
+
+def test_modules_to_convert_leaves_the_linear_layers_to_modules_to_not_convert(tiny_llama, tmp_path):
+    """transformers' ``modules_to_convert`` names modules quantized besides the linear layers (embedding tables);
+    every linear layer is FP8 but those ``modules_to_not_convert`` names. Only the MLP in FP8, the rest float32: the
+    attention and the embedding (named in both lists) load as float32, and the greedy tokens equal transformers' in
+    float32 on the dequantized weights."""
+    folder = make_block_fp8_checkpoint(
+        tiny_llama, tmp_path / "m", (32, 32), not_converted=("self_attn",),
+        modules_to_convert=["gate_proj", "up_proj", "down_proj", "embed_tokens"],
+        modules_to_not_convert=[r"model\.layers\.\d+\.self_attn", "embed_tokens", "lm_head"],
+    )  # fmt: skip
+    dequantized = transformers_dequantized(folder)
+    assert {name.rpartition(".")[2] for name in dequantized} == {"gate_proj", "up_proj", "down_proj"}
+    llm = LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+    for layer in llm.engine.model_runner.model.model.layers:
+        assert type(layer.self_attn.qkv_proj.quant_method) is UnquantizedLinearMethod
+        assert type(layer.self_attn.o_proj.quant_method) is UnquantizedLinearMethod
+        assert layer.mlp.gate_up_proj.weight.dtype == layer.mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert brisk_greedy(llm, PROMPTS) == expected_tokens(tiny_llama, dequantized)
+
+
+def test_modules_to_convert_is_no_list_of_the_only_fp8_layers(tiny_llama, tmp_path):
+    """A checkpoint that lists its FP8 layers in ``modules_to_convert`` and leaves the float ones out of
+    ``modules_to_not_convert`` says those are FP8 too, as transformers reads it: a startup error naming a float
+    tensor, not a model loaded wrongly."""
+    folder = make_block_fp8_checkpoint(
+        tiny_llama, tmp_path / "m", (32, 32), not_converted=("self_attn",),
+        modules_to_convert=["gate_proj", "up_proj", "down_proj"], modules_to_not_convert=None,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"self_attn\.[qkvo]_proj\.weight': dtype torch\.float32, expected FP8"):
+        LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+
+
+def test_an_fp8_embedding_table_is_a_startup_error(tiny_llama, tmp_path):
+    """``modules_to_convert`` naming the embedding: transformers stores it in FP8 with a ``weight_scale`` (and on
+    this checkpoint builds its ``FP8Embedding``), which brisk does not load."""
+    folder = quantize_embedding(make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", (32, 32)))
+    error = r"modules_to_convert \['embed_tokens'\] names the embedding table model\.embed_tokens: .* not load"
+    with pytest.raises(ValueError, match=error):
+        LLM(folder, device="cpu", kv_cache_memory_bytes=1 << 22)
+
+
+def test_kv_cache_scheme_null_and_an_fp8_cache_asked_for(tiny_llama, tmp_path):
+    """What the ``kv_cache_scheme`` error asks for: the field null (as transformers writes an unset one), and
+    ``kv_cache_dtype="fp8"``; the checkpoint's ``k_scale`` and ``v_scale`` scale the cache."""
+    folder = make_block_fp8_checkpoint(tiny_llama, tmp_path / "m", (32, 32), kv_cache_scheme=None)
+    scales = {f"model.layers.1.self_attn.{kv}_scale": torch.tensor(value) for kv, value in (("k", 0.5), ("v", 2.0))}
+    folder = with_extra_tensors(folder, tmp_path / "kv", scales)
+    llm = LLM(folder, device="cpu", kv_cache_dtype="fp8", kv_cache_memory_bytes=1 << 22)
+    assert llm.engine.model_runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    impl = llm.engine.model_runner.model.model.layers[1].self_attn.attn.impl
+    assert (impl.k_scale, impl.v_scale) == (0.5, 2.0)
+    assert len(brisk_greedy(llm, PROMPTS)[0]) == 10

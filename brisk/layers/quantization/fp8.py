@@ -53,8 +53,10 @@ class Fp8Config(QuantizationConfig):
         scheme = config.get("activation_scheme", "dynamic")
         if scheme not in ("static", "dynamic"):
             raise ValueError(f"quantization_config activation_scheme {scheme!r}: expected 'static' or 'dynamic'.")
+        _check_kv_cache_scheme(config.get("kv_cache_scheme"))
         # AutoFP8 and vLLM name the layers they leave alone ignored_layers, transformers modules_to_not_convert.
         skipped = (*(config.get("ignored_layers") or ()), *(config.get("modules_to_not_convert") or ()))
+        _check_modules_to_convert(tuple(config.get("modules_to_convert") or ()), skipped)
         block = config.get("weight_block_size")
         if block is None:
             # transformers writes weight_block_size (null for per-tensor scales) and its own tensor names; AutoFP8
@@ -108,6 +110,38 @@ class PerTensorFp8UnderTransformersNames(CompressedTensorsW8A8Fp8):
         for old, new in names.items():
             if old in layer._parameters:
                 layer.register_parameter(new, layer._parameters.pop(old))
+
+
+TOKEN_EMBEDDING = "model.embed_tokens"  # the one embedding table of the (Llama-family) models brisk runs
+
+
+def _check_kv_cache_scheme(scheme: dict | None) -> None:
+    """A KV-cache scheme is a startup error, not silently dropped: brisk's KV cache is FP8 only when
+    ``kv_cache_dtype="fp8"`` asks for it, whatever config.json says (compressed-tensors' ``kv_cache_scheme`` is not
+    read either; the ``self_attn.k_scale`` / ``v_scale`` tensors such a scheme calibrates load for every format), so
+    the error tells the user how to ask for it."""
+    if scheme is not None:
+        raise ValueError(
+            f"quantization_config kv_cache_scheme {scheme!r}: brisk does not take a KV-cache scheme from an 'fp8' "
+            "quantization_config. Remove kv_cache_scheme from config.json (or set it to null) and pass "
+            "kv_cache_dtype='fp8' (--kv-cache-dtype fp8) for an FP8 KV cache, scaled by the checkpoint's "
+            "self_attn.k_scale / v_scale tensors where it has them."
+        )
+
+
+def _check_modules_to_convert(converted: tuple[str, ...], skipped: tuple[str, ...]) -> None:
+    """transformers' ``modules_to_convert``: modules quantized besides the linear layers (which are all FP8 but those
+    ``modules_to_not_convert`` names; the list does not restrict them), in practice embedding tables, matched by
+    name suffix and stored as FP8 with one ``weight_scale`` (its ``FP8Embedding``). brisk's embedding holds plain
+    weights, so a checkpoint that quantizes it is refused here rather than failing its load on a tensor with no
+    parameter; entries naming linear layers change nothing, as in transformers."""
+    if any(TOKEN_EMBEDDING.endswith(entry) for entry in converted) and not _named_in(TOKEN_EMBEDDING, skipped):
+        raise ValueError(
+            f"quantization_config modules_to_convert {list(converted)} names the embedding table {TOKEN_EMBEDDING}: "
+            "transformers stores it in FP8 with a weight_scale (FP8Embedding), which brisk does not load. Save "
+            f"{TOKEN_EMBEDDING}.weight dequantized (its values times weight_scale, in the model's dtype, without "
+            "weight_scale) and remove it from modules_to_convert."
+        )
 
 
 def _named_in(name: str, patterns: tuple[str, ...]) -> bool:
