@@ -185,3 +185,31 @@ def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric, activat
         out = kernel_linear(layer, x, None, bits=4, group=group)
         max_error, frobenius = _errors(out, F.linear(x.double(), exact))
         assert frobenius < FROBENIUS and max_error < MAX_ERROR, (rows, max_error, frobenius)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 37, 300])
+@pytest.mark.parametrize("inputs", [1024, 1152])  # 8 blocks of inputs, and 9 (the scales padded to 12)
+def test_block_fp8_gemm_matches_the_float64_product_of_its_fp8_operands(rows, inputs):
+    """Block-wise FP8 (128 x 128 weight blocks) through cuBLAS's block-scaled GEMM: the input quantized per token
+    and 128 channels, and the product against the float64 product of the same dequantized operands (the
+    CPU's emulation of compressed-tensors' FP8_BLOCK). Token counts that are not multiples of 4 are padded, and
+    K's blocks padded in the weight's scales."""
+    from brisk.layers.quantization.block_fp8 import block_fp8_gemm
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cuBLAS scales FP8 blocks from sm90")
+    torch.manual_seed(0)
+    outputs = 768
+    weight = (torch.randn(outputs, inputs, device=DEV) * 0.5).to(torch.float8_e4m3fn)
+    block_scales = torch.rand(outputs // 128, inputs // 128, device=DEV) * 1e-2 + 1e-3
+    gemm_scales = F.pad(block_scales, (0, -block_scales.shape[1] % 4)).contiguous()
+    x = torch.randn(rows, inputs, device=DEV, dtype=BF16)
+    out = block_fp8_gemm(x, weight, gemm_scales, None)
+    assert out.shape == (rows, outputs) and out.dtype == BF16
+    groups = x.float().unflatten(-1, (-1, 128))
+    xq, x_scale = quantize_fp8_per_row(groups)
+    x_dequantized = dequantize(xq, x_scale).flatten(-2).double()
+    w_dequantized = (weight.double().unflatten(0, (-1, 128)).unflatten(-1, (-1, 128))
+                     * block_scales.double()[:, None, :, None]).flatten(-2).flatten(0, 1)  # fmt: skip
+    largest, frobenius = _errors(out, x_dequantized @ w_dequantized.t())
+    assert frobenius < FROBENIUS and largest < MAX_ERROR, (frobenius, largest)

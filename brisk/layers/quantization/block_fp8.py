@@ -3,10 +3,12 @@
 a float32 scale per block of ``[block_out, block_in]`` weights, ``weight_scale_inv`` (multiplied, despite its
 name).
 
-Weight-only: each matmul dequantizes the weight block by block in float32, as transformers' dequantizing load does,
-into the input's dtype, and leaves the input unquantized (vLLM quantizes it per token and 128 channels). The
-weights stay in memory as FP8, a byte each plus a scale per block; on a GPU this is an emulation, not an FP8
-GEMM: every matmul pays for dequantizing its weight.
+On the CPU, weight-only: each matmul dequantizes the weight block by block in float32, as transformers'
+dequantizing load does, into the input's dtype, and leaves the input unquantized. On Hopper and later GPUs, blocks
+of 128 x 128 in bf16/fp16 models are an FP8 GEMM (:func:`block_fp8_gemm`): the input quantized per token and 128
+channels, as transformers' FP8 linear layer on a GPU and vLLM do, then cuBLAS's block-scaled FP8 matmul. Other
+blocks and older GPUs keep the weight-only emulation (every matmul pays for dequantizing its weight). The weights
+stay in memory as FP8, a byte each plus a scale per block.
 
 A fused layer (q/k/v, gate/up) holds its parts' blocks one after another, so each part's outputs, and each rank's
 share of the inputs, must be whole blocks; checkpoints made for transformers are (it derives the block from
@@ -56,16 +58,61 @@ class BlockFp8Weights:
                   packed_factor=self.block_out)  # fmt: skip
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        return None  # computed with as loaded
+        """Where the FP8 GEMM runs, its copy of the scales: K's blocks padded to a multiple of 4 (cuBLAS's
+        requirement), zero-padded (they multiply no value)."""
+        scales = getattr(layer, self.scale_name)
+        layer.gemm_scales = None
+        if self.gemm_runs_natively(layer.weight):
+            layer.gemm_scales = F.pad(scales.float(), (0, -scales.shape[1] % 4)).contiguous()
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         """The weight in float32: each block times its scale."""
         blocks = layer.weight.float().unflatten(0, (-1, self.block_out)).unflatten(-1, (-1, self.block_in))
         return (blocks * getattr(layer, self.scale_name)[:, None, :, None]).flatten(-2).flatten(0, 1)
 
+    def gemm_runs_natively(self, weight: torch.Tensor) -> bool:
+        """Whether :func:`block_fp8_gemm` serves this layer: blocks of 128 x 128 on a CUDA GPU of compute capability
+        9.0 or later, where cuBLAS scales FP8 blocks (and torch has ``scaled_mm``)."""
+        return (
+            (self.block_out, self.block_in) == GEMM_BLOCK
+            and weight.device.type == "cuda"
+            and torch.cuda.get_device_capability(weight.device) >= (9, 0)
+            and hasattr(F, "scaled_mm")
+        )
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """Weight-only: the input as it is, times the dequantized weight."""
+        """The FP8 GEMM where it runs; elsewhere weight-only: the input as it is, times the dequantized weight."""
+        if getattr(layer, "gemm_scales", None) is not None and x.dtype in (torch.bfloat16, torch.float16):
+            return block_fp8_gemm(x, layer.weight, layer.gemm_scales, bias)
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
+
+
+GEMM_BLOCK = (128, 128)  # the weight blocks cuBLAS's block-scaled FP8 GEMM takes (inputs: 1 x 128)
+
+
+def block_fp8_gemm(
+    x: torch.Tensor, weight: torch.Tensor, gemm_scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ weight^T`` for 128 x 128 weight blocks: ``x`` quantized per token and 128 channels in one Triton
+    launch (bit for bit ``fp8_utils.quantize_fp8_per_row`` on each group), then ``torch.nn.functional.scaled_mm``
+    (cuBLAS) with both scales, writing ``x``'s dtype. cuBLAS takes the token count in multiples of 4 (zero rows
+    pad it) and the input scales with the tokens contiguous; ``gemm_scales`` is ``[out / 128, in / 128]`` with
+    its columns padded to a multiple of 4."""
+    from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
+
+    rows = x.reshape(-1, x.shape[-1])
+    count, inputs = rows.shape
+    padded = F.pad(rows, (0, 0, 0, -count % 4)) if count % 4 else rows.contiguous()
+    quantized, scales = quantize_fp8_rows(padded.reshape(-1, GEMM_BLOCK[1]))
+    quantized = quantized.view(padded.shape)
+    scales = scales.view(padded.shape[0], -1).t().contiguous().t()
+    out = F.scaled_mm(
+        quantized, weight.t(), scales, F.ScalingType.BlockWise1x128, gemm_scales.t(), F.ScalingType.BlockWise128x128,
+        output_dtype=x.dtype,
+    )[:count]  # fmt: skip
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class BlockFp8LinearMethod(BlockFp8Weights):

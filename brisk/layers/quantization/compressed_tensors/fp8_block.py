@@ -3,8 +3,9 @@
 dequantizes them); inputs quantized at run time per token and group of ``group_size`` channels (the preset's
 128), per token, or not at all.
 
-Emulated everywhere: the inputs are quantized and dequantized in float32 as compressed-tensors does, and each
-matmul multiplies them by the dequantized weight in float32 (on a GPU too: not yet an FP8 GEMM, not timed)."""
+Blocks of 128 x 128 with inputs in groups of 128 (the preset) run as an FP8 GEMM on Hopper and later GPUs
+(``block_fp8.block_fp8_gemm``). Everything else is emulated: the inputs are quantized and dequantized in float32
+as compressed-tensors does, and each matmul multiplies them by the dequantized weight in float32."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from brisk.layers.quantization.block_fp8 import BlockFp8Weights, block_shape
+from brisk.layers.quantization.block_fp8 import GEMM_BLOCK, BlockFp8Weights, block_shape
 from brisk.layers.quantization.compressed_tensors.schemes import unsupported
 from brisk.layers.quantization.fp8_utils import dequantize, quantize_fp8_per_row
 
@@ -49,8 +50,12 @@ class CompressedTensorsW8A8Fp8Block(BlockFp8Weights):
             raise unsupported(self.prefix, f"input groups of {self.input_group} over {in_features} inputs")
         super().create_weights(layer, in_features, out_features, dtype)
 
+    def gemm_runs_natively(self, weight: torch.Tensor) -> bool:
+        """The FP8 GEMM quantizes inputs per token and 128 channels: only for the schemes that ask for that."""
+        return self.input_group == GEMM_BLOCK[1] and super().gemm_runs_natively(weight)
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.input_strategy is None:
+        if self.input_strategy is None or getattr(layer, "gemm_scales", None) is not None:
             return super().apply(layer, x, bias)
         weight = self.dequantized_weight(layer)
         groups = x.reshape(-1, x.shape[-1]).unflatten(-1, (-1, self.input_group or x.shape[-1]))
