@@ -250,8 +250,9 @@ class LlamaForCausalLM(nn.Module):
                 if param.dtype in FP8_DTYPES and tensor.dtype not in FP8_DTYPES:
                     raise ValueError(
                         f"dtype {tensor.dtype}, expected FP8 values ({param.dtype}) as config.json's "
-                        "quantization_config says; for a bf16/fp16/fp32 checkpoint remove quantization_config and "
-                        "pass quantization='fp8' to quantize it while loading"
+                        "quantization_config says; a layer the checkpoint keeps unquantized must be named in its "
+                        "modules_to_not_convert (ignored_layers); for a bf16/fp16/fp32 checkpoint remove "
+                        "quantization_config and pass quantization='fp8' to quantize it while loading"
                     )
                 loader = getattr(param, "weight_loader", None)
                 if loader is None:
