@@ -187,6 +187,13 @@ def test_tinygemm_int4_matches_the_dequantized_weight(group, asymmetric, activat
         assert frobenius < FROBENIUS and max_error < MAX_ERROR, (rows, max_error, frobenius)
 
 
+# cuBLAS's block-scaled FP8 GEMM accumulates each block of 128 inputs at the tensor cores' precision before adding it
+# in float32, with no option to do otherwise: on an H100 (thirty-first run) it erred by 3.2e-3 to 4.3e-3 in the
+# relative Frobenius norm and 5.8e-3 to 8.9e-3 of the largest output from 3 rows up (one row: under 3e-3), against
+# bf16 rounding's 1.7e-3. The test's block scales differ by up to 11 times, so a scale on the wrong block errs far more.
+BLOCK_FROBENIUS, BLOCK_MAX_ERROR = 6e-3, 1.5e-2
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 37, 300])
 @pytest.mark.parametrize("inputs", [1024, 1152])  # 8 blocks of inputs, and 9 (the scales padded to 12)
 def test_block_fp8_gemm_matches_the_float64_product_of_its_fp8_operands(rows, inputs):
@@ -212,4 +219,4 @@ def test_block_fp8_gemm_matches_the_float64_product_of_its_fp8_operands(rows, in
     w_dequantized = (weight.double().unflatten(0, (-1, 128)).unflatten(-1, (-1, 128))
                      * block_scales.double()[:, None, :, None]).flatten(-2).flatten(0, 1)  # fmt: skip
     largest, frobenius = _errors(out, x_dequantized @ w_dequantized.t())
-    assert frobenius < FROBENIUS and largest < MAX_ERROR, (frobenius, largest)
+    assert frobenius < BLOCK_FROBENIUS and largest < BLOCK_MAX_ERROR, (frobenius, largest)
