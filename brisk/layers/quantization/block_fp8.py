@@ -101,7 +101,7 @@ def block_fp8_gemm(
     from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
 
     rows = x.reshape(-1, x.shape[-1])
-    count, inputs = rows.shape
+    count = rows.shape[0]
     padded = F.pad(rows, (0, 0, 0, -count % 4)) if count % 4 else rows.contiguous()
     quantized, scales = quantize_fp8_rows(padded.reshape(-1, GEMM_BLOCK[1]))
     quantized = quantized.view(padded.shape)

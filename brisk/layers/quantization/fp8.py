@@ -62,14 +62,15 @@ class Fp8Config(QuantizationConfig):
             # transformers writes weight_block_size (null for per-tensor scales) and its own tensor names; AutoFP8
             # and vLLM do not write the field.
             return cls(scheme, None, skipped, transformers_names="weight_block_size" in config)
-        if block_shape(block) is None:
+        shape = block_shape(block)
+        if shape is None:
             raise ValueError(f"quantization_config weight_block_size must be two positive integers, got {block!r}.")
         if scheme != "dynamic":
             raise ValueError(
                 f"quantization_config activation_scheme {scheme!r}: block-wise FP8 checkpoints are supported with "
                 "activation_scheme 'dynamic' only."
             )
-        return cls(scheme, block_shape(block), skipped)
+        return cls(scheme, shape, skipped)
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> LinearMethod | None:
         if self.activation_scheme is None:
