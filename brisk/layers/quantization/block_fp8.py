@@ -6,7 +6,9 @@ name).
 On the CPU, weight-only: each matmul dequantizes the weight block by block in float32, as transformers'
 dequantizing load does, into the input's dtype, and leaves the input unquantized. On Hopper and later GPUs, blocks
 of 128 x 128 in bf16/fp16 models are an FP8 GEMM (:func:`block_fp8_gemm`): the input quantized per token and 128
-channels, as transformers' FP8 linear layer on a GPU and vLLM do, then cuBLAS's block-scaled FP8 matmul. Other
+channels, as transformers' FP8 linear layer on a GPU and vLLM do, then cuBLAS's block-scaled FP8 matmul; one row
+(batch-1 decode) takes the weight-only FP8 GEMV instead, which reads the weight once and scales each input tile by
+its block's scale. Other
 blocks and older GPUs keep the weight-only emulation (every matmul pays for dequantizing its weight). The weights
 stay in memory as FP8, a byte each plus a scale per block.
 
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from brisk.distributed.parallel_state import get_tp_size
+from brisk.layers.fused import gemv_ops_for
 from brisk.layers.quantization.base_config import add_param
 
 
@@ -80,9 +83,21 @@ class BlockFp8Weights:
             and hasattr(F, "scaled_mm")
         )
 
+    def gemv_weight_scale(self, layer: nn.Module) -> torch.Tensor | None:
+        """The block scales with which batch-1 decode's (fused) weight-only FP8 GEMV reads this layer, where the FP8
+        GEMM runs too; None elsewhere."""
+        return getattr(layer, self.scale_name) if getattr(layer, "gemm_scales", None) is not None else None
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """The FP8 GEMM where it runs; elsewhere weight-only: the input as it is, times the dequantized weight."""
+        """Where the FP8 GEMM runs: one row through the weight-only FP8 GEMV (the weight's bytes are the cost, and
+        cuBLAS would take four padded rows and a quantization launch), more through the GEMM. Elsewhere
+        weight-only: the input as it is, times the dequantized weight."""
         if getattr(layer, "gemm_scales", None) is not None and x.dtype in (torch.bfloat16, torch.float16):
+            rows = x.reshape(-1, x.shape[-1])
+            gemv = gemv_ops_for(rows)
+            if gemv is not None:
+                out = gemv.gemv(rows, layer.weight, bias, getattr(layer, self.scale_name))
+                return out.reshape(*x.shape[:-1], out.shape[-1])
             return block_fp8_gemm(x, layer.weight, layer.gemm_scales, bias)
         return F.linear(x, self.dequantized_weight(layer).to(x.dtype), bias)
 
@@ -96,16 +111,14 @@ def block_fp8_gemm(
     """``x @ weight^T`` for 128 x 128 weight blocks: ``x`` quantized per token and 128 channels in one Triton
     launch (bit for bit ``fp8_utils.quantize_fp8_per_row`` on each group), then ``torch.nn.functional.scaled_mm``
     (cuBLAS) with both scales, writing ``x``'s dtype. cuBLAS takes the token count in multiples of 4 (zero rows
-    pad it) and the input scales with the tokens contiguous; ``gemm_scales`` is ``[out / 128, in / 128]`` with
-    its columns padded to a multiple of 4."""
-    from brisk.layers.quantization.triton_fp8 import quantize_fp8_rows
+    pad it) and the input scales with the tokens contiguous, as the quantization writes them; ``gemm_scales`` is
+    ``[out / 128, in / 128]`` with its columns padded to a multiple of 4."""
+    from brisk.layers.quantization.triton_fp8 import quantize_fp8_groups
 
     rows = x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
     padded = F.pad(rows, (0, 0, 0, -count % 4)) if count % 4 else rows.contiguous()
-    quantized, scales = quantize_fp8_rows(padded.reshape(-1, GEMM_BLOCK[1]))
-    quantized = quantized.view(padded.shape)
-    scales = scales.view(padded.shape[0], -1).t().contiguous().t()
+    quantized, scales = quantize_fp8_groups(padded, GEMM_BLOCK[1])
     out = F.scaled_mm(
         quantized, weight.t(), scales, F.ScalingType.BlockWise1x128, gemm_scales.t(), F.ScalingType.BlockWise128x128,
         output_dtype=x.dtype,

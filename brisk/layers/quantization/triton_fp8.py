@@ -28,13 +28,14 @@ def round_to_e4m3(x):
     return tl.where(magnitude < 0.015625, tl.where(bits < 0, -subnormal, subnormal), normal)  # keeps -0.0
 
 
-
 @triton.jit
 def _quantize_rows_kernel(
-    x_ptr, q_ptr, scale_ptr, static_scale_ptr, K, stride_x, stride_q, STATIC: tl.constexpr, BLOCK_K: tl.constexpr
+    x_ptr, q_ptr, scale_ptr, static_scale_ptr, K, stride_x, stride_q, groups, scale_group_stride,
+    STATIC: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One program per row: its scale (a pass for the largest magnitude, unless ``STATIC``), then a pass that
-    writes the FP8 values (IEEE division, as torch divides)."""
+    writes the FP8 values (IEEE division, as torch divides). Row ``r`` is group ``r % groups`` of token
+    ``r // groups``; its scale goes to ``(r % groups) * scale_group_stride + r // groups``."""
     row = tl.program_id(0).to(tl.int64)
     x_row, q_row = x_ptr + row * stride_x, q_ptr + row * stride_q
     offs = tl.arange(0, BLOCK_K)
@@ -46,7 +47,7 @@ def _quantize_rows_kernel(
             x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
         scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_MAX_MAGNITUDE), MIN_SCALE)
-        tl.store(scale_ptr + row, scale)
+        tl.store(scale_ptr + (row % groups) * scale_group_stride + row // groups, scale)
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs < K
         x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
@@ -65,7 +66,23 @@ def quantize_fp8_rows(x: torch.Tensor, static_scale: torch.Tensor | None = None)
         scale = torch.empty(rows, 1, dtype=torch.float32, device=x.device)
     if rows:
         _quantize_rows_kernel[(rows,)](
-            x, q, scale, scale, k, x.stride(0), q.stride(0), STATIC=static_scale is not None,
+            x, q, scale, scale, k, x.stride(0), q.stride(0), 1, 0, STATIC=static_scale is not None,
             BLOCK_K=min(4096, triton.next_power_of_2(k)), num_warps=8,
+        )  # fmt: skip
+    return q, scale
+
+
+def quantize_fp8_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` (contiguous) as FP8 with a float32 scale per token and ``group`` channels, the scales
+    ``[M, K / group]`` stored token-contiguous (column-major), the layout cuBLAS's block-scaled GEMM reads."""
+    assert x.dim() == 2 and x.is_contiguous() and x.shape[1] % group == 0, "contiguous rows of whole groups"
+    tokens, k = x.shape
+    groups = k // group
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scale = torch.empty(groups, tokens, dtype=torch.float32, device=x.device).t()
+    if tokens:
+        _quantize_rows_kernel[(tokens * groups,)](
+            x, q, scale, scale, group, group, group, groups, tokens, STATIC=False,
+            BLOCK_K=triton.next_power_of_2(group), num_warps=4,
         )  # fmt: skip
     return q, scale
