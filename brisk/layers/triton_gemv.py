@@ -242,6 +242,18 @@ def fuses_silu_and_mul(rows: int, k: int, weight_bytes: int) -> bool:
     return weight_bytes == 1 and gemv_config(rows, k, weight_bytes).programs_per_sm > 0
 
 
+def scale_blocks(weight: torch.Tensor, weight_scale: torch.Tensor | None) -> tuple[int, int]:
+    """The ``(rows, inputs)`` of weight a scale covers when ``weight_scale`` holds one per block (block-wise FP8:
+    ``[out / rows, in / inputs]``, rows contiguous); ``(0, 0)`` for none, or one per output row (``[out]`` or
+    ``[out, 1]``)."""
+    if weight_scale is None or weight_scale.dim() == 1 or weight_scale.shape == (weight.shape[0], 1):
+        return 0, 0
+    blocks = (weight.shape[0] // weight_scale.shape[0], weight.shape[1] // weight_scale.shape[1])
+    assert (weight_scale.shape[0] * blocks[0], weight_scale.shape[1] * blocks[1]) == weight.shape, "whole blocks"
+    assert weight_scale.stride(1) == 1, "block scales in contiguous rows"
+    return blocks
+
+
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
             prologue=PROLOGUE_NONE, weight_scale=None, gated=False):  # fmt: skip
     n = out.shape[-1]
@@ -250,12 +262,10 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
     if gated:  # a block's gate rows and up rows together: the tile of the ungated launch, in two halves
         assert config.programs_per_sm, "only the resident kernel ends with SiLU-and-mul"
         config = config._replace(block_n=max(1, config.block_n // 2))
-    scale_block, scale_stride = (0, 0), 0
-    if weight_scale is not None and weight_scale.dim() == 2:  # FP8 blocks: applied to the input, tile by tile
-        scale_block = (weight.shape[0] // weight_scale.shape[0], weight.shape[1] // weight_scale.shape[1])
-        assert weight_scale.shape[0] * scale_block[0] == weight.shape[0] and scale_block[0] % config.block_n == 0
-        assert weight_scale.shape[1] * scale_block[1] == weight.shape[1] and weight_scale.stride(1) == 1
-        scale_stride = weight_scale.stride(0)
+    scale_block = scale_blocks(weight, weight_scale)  # FP8 blocks: applied to the input, tile by tile
+    assert not scale_block[0] or scale_block[0] % config.block_n == 0, "a tile's rows within one block"
+    scale_stride = weight_scale.stride(0) if scale_block[0] else 0
+    weight_scale = weight_scale.reshape(-1) if weight_scale is not None and not scale_block[0] else weight_scale
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
         kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * num_sms(x.device))
@@ -286,9 +296,8 @@ def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x``; with ``weight_scale`` (float32, one per output row) the
-    weight is FP8 and each output is scaled before the bias: weight-only FP8, half the bytes of bf16. A 2-D
-    ``weight_scale`` holds one scale per block of weights (block-wise FP8: ``[out / block_out, in / block_in]``,
-    rows contiguous; ``block_out`` a multiple of the tile's rows)."""
+    weight is FP8 and each output is scaled before the bias: weight-only FP8, half the bytes of bf16; or one scale
+    per block of weights (:func:`scale_blocks`; the blocks' rows a multiple of the tile's)."""
     x = _row(x)
     out = _output(x, weight)
     _launch(x, weight, bias, out, x.shape[1], weight_scale=weight_scale)

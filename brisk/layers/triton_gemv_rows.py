@@ -35,18 +35,22 @@ import triton
 import triton.language as tl
 
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
+from brisk.layers.triton_gemv import scale_blocks
 
 
 @triton.jit
 def _gemv_rows_kernel(
-    x_ptr, weight_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, HAS_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP16_PRODUCTS: tl.constexpr, K_PER_SPLIT, SPLIT_K: tl.constexpr,
+    x_ptr, weight_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, x_stride, weight_stride, scale_stride,
+    HAS_SCALE: tl.constexpr, SCALE_BLOCK_N: tl.constexpr, SCALE_BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP16_PRODUCTS: tl.constexpr, K_PER_SPLIT, SPLIT_K: tl.constexpr,
 ):  # fmt: skip
     """One program per ``BLOCK_N`` outputs of every row and slice of ``K_PER_SPLIT`` inputs: ``out[:, n] = x @
     W[n, :]^T`` (times ``scale[n]`` with ``HAS_SCALE``); with ``FP16_PRODUCTS`` the tiles are multiplied in fp16.
-    With ``SPLIT_K`` slices each program stores its float32 partial sums, ``[SPLIT_K, M, N]``, for
-    ``_sum_splits_kernel`` (scale and bias come there)."""
+    With ``SCALE_BLOCK_K`` the weight has a scale per ``SCALE_BLOCK_N x SCALE_BLOCK_K`` block (block-wise FP8),
+    and each tile, which lies in one block, adds its product times its block's scale. With ``SPLIT_K`` slices
+    each program stores its float32 partial sums, ``[SPLIT_K, M, N]``, for ``_sum_splits_kernel`` (scale and
+    bias come there)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -68,9 +72,14 @@ def _gemv_rows_kernel(
                     other=0.0)  # fmt: skip
         if FP16_PRODUCTS:  # FP8 weights beside bf16 inputs: both widened to fp16 (module docstring)
             x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-            acc = tl.dot(w.to(tl.float16), tl.trans(x), acc)
+            w = w.to(tl.float16)
         else:
-            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=DOT_PRECISION)
+            w = w.to(x.dtype)
+        if SCALE_BLOCK_K:
+            block_scale = tl.load(scale_ptr + (pid * BLOCK_N // SCALE_BLOCK_N) * scale_stride + k0 // SCALE_BLOCK_K)
+            acc += tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION) * block_scale
+        else:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
     if SPLIT_K > 1:
         tl.store(out_ptr + split * M * N + rows[None, :] * N + n[:, None], acc,
                  mask=row_mask[None, :] & n_mask[:, None])  # fmt: skip
@@ -176,7 +185,8 @@ def gemv_rows(
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an 8-bit
     ``weight`` (FP8 or INT8) is multiplied by its float32 ``weight_scale`` (one per output row) before the bias
-    is added; FP8 tiles beside bf16 inputs are multiplied in fp16 (module docstring)."""
+    is added; FP8 tiles beside bf16 inputs are multiplied in fp16 (module docstring). With one scale per block of
+    weights (block-wise FP8, ``triton_gemv.scale_blocks``) the tiles shrink to lie in one block."""
     assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
     assert (weight_scale is not None) == (weight.element_size() == 1), "8-bit weights come with a scale"
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -187,7 +197,13 @@ def gemv_rows(
         m, x.element_size(), shared_memory_per_block(x.device), weight.element_size(), fp16_products, k, n,
         num_sms(x.device),
     )
-    scale = weight_scale.reshape(-1) if weight_scale is not None else weight
+    scale_block, scale_stride = scale_blocks(weight, weight_scale), 0
+    if scale_block[0]:
+        config = config._replace(block_n=min(config.block_n, scale_block[0]),
+                                 block_k=min(config.block_k, scale_block[1]))  # fmt: skip
+        assert scale_block[0] % config.block_n == 0 and scale_block[1] % config.block_k == 0, "tiles within blocks"
+        scale_stride = weight_scale.stride(0)
+    scale = weight if weight_scale is None else weight_scale if scale_block[0] else weight_scale.reshape(-1)
     bias_arg = bias if bias is not None else weight
     # Slices of whole K tiles; a split that leaves a slice empty would only store zeros.
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
@@ -195,7 +211,8 @@ def gemv_rows(
     partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device) if split_k > 1 else out
     _gemv_rows_kernel[(triton.cdiv(n, config.block_n), split_k)](
         x, weight, scale, bias_arg, partial, m, n, k, x.stride(0), weight.stride(0),
-        HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
+        scale_stride, HAS_SCALE=weight_scale is not None and not scale_block[0], SCALE_BLOCK_N=scale_block[0],
+        SCALE_BLOCK_K=scale_block[1], HAS_BIAS=bias is not None,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -204,7 +221,8 @@ def gemv_rows(
     if split_k > 1:
         block = 1024
         _sum_splits_kernel[(triton.cdiv(m * n, block),)](
-            partial, scale, bias_arg, out, m, n, HAS_SCALE=weight_scale is not None, HAS_BIAS=bias is not None,
+            partial, scale, bias_arg, out, m, n,
+            HAS_SCALE=weight_scale is not None and not scale_block[0], HAS_BIAS=bias is not None,
             SPLIT_K=split_k, BLOCK=block,
         )  # fmt: skip
     return out

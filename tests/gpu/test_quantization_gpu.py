@@ -222,19 +222,20 @@ def test_block_fp8_gemm_matches_the_float64_product_of_its_fp8_operands(rows, in
     assert frobenius < BLOCK_FROBENIUS and largest < BLOCK_MAX_ERROR, (frobenius, largest)
 
 
-@pytest.mark.parametrize("inputs", [1024, 5120])  # the resident kernel, and the tiled one over K tiles
-def test_block_fp8_gemv_at_one_row_matches_the_float64_product(inputs):
-    """One row of block-wise FP8 (batch-1 decode) through the weight-only GEMV, which applies each block's scale
-    to its input tile, against the float64 product of the bf16 input and the dequantized weight: bf16 rounding
-    alone (the input stays unquantized)."""
-    from brisk.layers import triton_gemv
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("inputs", [1024, 5120])  # at one row the resident kernel, and the tiled one over K tiles
+def test_block_fp8_gemvs_match_the_float64_product(rows, inputs):
+    """Up to 16 rows of block-wise FP8 (decode batches, speculative verification) through the weight-only GEMVs
+    (``fused.scaled_dense``), which apply each block's scale tile by tile, against the float64 product of the
+    bf16 input and the dequantized weight: bf16 rounding alone (the input stays unquantized)."""
+    from brisk.layers.fused import scaled_dense
 
-    torch.manual_seed(1)
+    torch.manual_seed(rows)
     outputs = 768
     weight = (torch.randn(outputs, inputs, device=DEV) * 0.5).to(torch.float8_e4m3fn)
     block_scales = torch.rand(outputs // 128, inputs // 128, device=DEV) * 1e-2 + 1e-3
-    x = torch.randn(1, inputs, device=DEV, dtype=BF16)
-    out = triton_gemv.gemv(x, weight, None, block_scales)
+    x = torch.randn(rows, inputs, device=DEV, dtype=BF16)
+    out = scaled_dense(x, weight, block_scales)
     w_dequantized = (weight.double().unflatten(0, (-1, 128)).unflatten(-1, (-1, 128))
                      * block_scales.double()[:, None, :, None]).flatten(-2).flatten(0, 1)  # fmt: skip
     largest, frobenius = _errors(out, x.double() @ w_dequantized.t())

@@ -62,6 +62,27 @@ def test_fp8_weights_beside_bf16_inputs_multiply_in_fp16():
     torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-6)
 
 
+@pytest.mark.parametrize(("m", "n", "k", "block"), [(2, 64, 512, (32, 128)), (5, 256, 1024, (128, 128)),
+                                                 (16, 64, 4096, (64, 128))])  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_fp8_weights_match_the_dequantized_weight(m, n, k, block, dtype):
+    """Block-wise FP8 weights (a scale per block: tiles shrink to lie in one block, and each adds its product
+    times its block's scale), beside float32 inputs and bf16 ones (fp16 products), 4,096 inputs in K slices too:
+    the float64 product of the input and the dequantized weight, within float32's rounding (bf16's for bf16
+    outputs). The scales span 2**-3 to 2**3, so one taken from the wrong block shows."""
+    torch.manual_seed(m + n + k)
+    rows, cols = n // block[0], k // block[1]
+    scales = torch.exp2(torch.randint(-3, 4, (rows, cols))).float()
+    qweight = (torch.randn(n, k) * 0.5).to(torch.float8_e4m3fn)
+    reference = (qweight.double().unflatten(0, (rows, -1)).unflatten(-1, (cols, -1))
+                 * scales.double()[:, None, :, None]).flatten(-2).flatten(0, 1)  # fmt: skip
+    x, bias = torch.randn(m, k).to(dtype), torch.randn(n)
+    out = triton_gemv_rows.gemv_rows(x.to(DEVICE), qweight.to(DEVICE), bias.to(DEVICE).to(dtype), scales.to(DEVICE))
+    exact = F.linear(x.double(), reference, bias.to(dtype).double())
+    tolerance = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.cpu().double(), exact, rtol=tolerance, atol=tolerance * exact.abs().max().item())
+
+
 def test_row_counts_pick_their_gemv():
     """On a GPU one row takes the fused GEMV, 2 to GEMV_MAX_ROWS the few-row GEMV, more cuBLAS; the CPU none."""
     if DEVICE == "cpu":
