@@ -57,12 +57,12 @@ def scaled_dense(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor | None:
     """``x (weight * weight_scale)^T + bias`` for an 8-bit ``weight`` (FP8 or INT8, a float32 scale per output
-    row; or block-wise FP8, a 2-D ``weight_scale`` with one per block) through the weight-only GEMVs, where
-    ``gemv_ops_for`` or ``gemv_rows_ops_for`` picks one; else None (the caller's GEMM). A few rows are bound by
-    the weight's bytes, which these read once, widened in registers, leaving the input unquantized."""
+    row) through the weight-only GEMVs, where ``gemv_ops_for`` or ``gemv_rows_ops_for`` picks one; else None
+    (the caller's GEMM). A few rows are bound by the weight's bytes, which these read once, widened in
+    registers, leaving the input unquantized."""
     gemv = gemv_ops_for(x)
     if gemv is not None:
-        return gemv.gemv(x, weight, bias, weight_scale)
+        return gemv.gemv(x, weight, bias, weight_scale.reshape(-1))
     gemv_rows = gemv_rows_ops_for(x)
     if gemv_rows is not None:
         return gemv_rows.gemv_rows(x, weight, bias, weight_scale)

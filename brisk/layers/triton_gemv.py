@@ -81,18 +81,6 @@ def _dot(w, x):
 
 
 @triton.jit
-def _block_scaled(x, scale_ptr, first_row, cols, col_mask, scale_stride,
-                  SCALE_BLOCK_N: tl.constexpr, SCALE_BLOCK_K: tl.constexpr):  # fmt: skip
-    """``x`` at ``cols`` times the scales of the weight blocks it meets in the rows from ``first_row`` (FP8 weights
-    with a float32 scale per ``SCALE_BLOCK_N x SCALE_BLOCK_K`` block; a tile's rows lie in one row of blocks), so
-    that the dot product applies them: a few loads a tile, not a multiply per weight. Unchanged without blocks."""
-    if SCALE_BLOCK_K:
-        block_row = scale_ptr + (first_row // SCALE_BLOCK_N) * scale_stride
-        return x.to(tl.float32) * tl.load(block_row + cols // SCALE_BLOCK_K, mask=col_mask, other=0.0)
-    return x
-
-
-@triton.jit
 def _finish_rows(bias_ptr, scale_ptr, acc, rows, row_mask, dtype, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
     """The products ``acc`` of weight ``rows``, scaled, biased and rounded to ``dtype`` as they are stored."""
     if HAS_SCALE:  # FP8 weights: one float32 scale per output row
@@ -126,9 +114,8 @@ def _store_gated_output(out_ptr, bias_ptr, scale_ptr, gate_acc, up_acc, block, o
 @triton.jit
 def _gemv_resident_kernel(
     x_ptr, weight_ptr, bias_ptr, scale_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride,
-    scale_stride, eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, SCALE_BLOCK_N: tl.constexpr, SCALE_BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr,
+    eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, GATED: tl.constexpr,
 ):  # fmt: skip
     """K fits one tile (``K <= BLOCK_K``): each program prepares the input once, then walks the output blocks
     ``pid, pid + programs, ...``, loading the next weight tile before it reduces the current one. ``GATED``: the
@@ -159,25 +146,21 @@ def _gemv_resident_kernel(
 
     for block in range(pid, tl.cdiv(N, BLOCK_N), programs):
         next_w = _weight_tile(weight_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
-        xw = _block_scaled(x, scale_ptr, block * BLOCK_N, cols, col_mask, scale_stride, SCALE_BLOCK_N, SCALE_BLOCK_K)
         if GATED:
             next_u = _weight_tile(up_ptr, block + programs, offs_n, cols, col_mask, N, weight_stride, BLOCK_N)
-            xu = _block_scaled(x, scale_ptr, N + block * BLOCK_N, cols, col_mask, scale_stride, SCALE_BLOCK_N,
-                               SCALE_BLOCK_K)  # fmt: skip
-            _store_gated_output(out_ptr, bias_ptr, scale_ptr, _dot(w, xw), _dot(u, xu), block, offs_n, N, BLOCK_N,
+            _store_gated_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), _dot(u, x), block, offs_n, N, BLOCK_N,
                                 HAS_BIAS, HAS_SCALE)  # fmt: skip
             u = next_u
         else:
-            _store_output(out_ptr, bias_ptr, scale_ptr, _dot(w, xw), block, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
+            _store_output(out_ptr, bias_ptr, scale_ptr, _dot(w, x), block, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
         w = next_w
 
 
 @triton.jit
 def _gemv_tiled_kernel(
     x_ptr, weight_ptr, bias_ptr, scale_ptr, out_ptr, residual_ptr, norm_ptr, residual_out_ptr, N, K, weight_stride,
-    scale_stride, eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, SCALE_BLOCK_N: tl.constexpr, SCALE_BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    eps, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """Any K: one program per ``BLOCK_N`` outputs walks K in ``BLOCK_K`` tiles and applies the prologue to each
     input tile (the RMSNorm first takes a pass over the input for its norm)."""
@@ -200,15 +183,11 @@ def _gemv_tiled_kernel(
             sum_sq += tl.sum(xf * xf, axis=0)
         rstd = tl.rsqrt(sum_sq / K + eps)
 
-    x = _input_tile(x_ptr, residual_ptr, norm_ptr, offs_k, offs_k < K, K, rstd, PROLOGUE, HAS_RESIDUAL)
-    acc = _dot(w, _block_scaled(x, scale_ptr, pid * BLOCK_N, offs_k, offs_k < K, scale_stride, SCALE_BLOCK_N,
-                                SCALE_BLOCK_K))  # fmt: skip
+    acc = _dot(w, _input_tile(x_ptr, residual_ptr, norm_ptr, offs_k, offs_k < K, K, rstd, PROLOGUE, HAS_RESIDUAL))
     for k0 in range(BLOCK_K, K, BLOCK_K):
         cols = k0 + offs_k
         w = _weight_tile(weight_ptr + k0, pid, offs_n, offs_k, cols < K, N, weight_stride, BLOCK_N)
-        x = _input_tile(x_ptr, residual_ptr, norm_ptr, cols, cols < K, K, rstd, PROLOGUE, HAS_RESIDUAL)
-        acc += _dot(w, _block_scaled(x, scale_ptr, pid * BLOCK_N, cols, cols < K, scale_stride, SCALE_BLOCK_N,
-                                     SCALE_BLOCK_K))  # fmt: skip
+        acc += _dot(w, _input_tile(x_ptr, residual_ptr, norm_ptr, cols, cols < K, K, rstd, PROLOGUE, HAS_RESIDUAL))
     _store_output(out_ptr, bias_ptr, scale_ptr, acc, pid, offs_n, N, BLOCK_N, HAS_BIAS, HAS_SCALE)
 
 
@@ -242,18 +221,6 @@ def fuses_silu_and_mul(rows: int, k: int, weight_bytes: int) -> bool:
     return weight_bytes == 1 and gemv_config(rows, k, weight_bytes).programs_per_sm > 0
 
 
-def scale_blocks(weight: torch.Tensor, weight_scale: torch.Tensor | None) -> tuple[int, int]:
-    """The ``(rows, inputs)`` of weight a scale covers when ``weight_scale`` holds one per block (block-wise FP8:
-    ``[out / rows, in / inputs]``, rows contiguous); ``(0, 0)`` for none, or one per output row (``[out]`` or
-    ``[out, 1]``)."""
-    if weight_scale is None or weight_scale.dim() == 1 or weight_scale.shape == (weight.shape[0], 1):
-        return 0, 0
-    blocks = (weight.shape[0] // weight_scale.shape[0], weight.shape[1] // weight_scale.shape[1])
-    assert (weight_scale.shape[0] * blocks[0], weight_scale.shape[1] * blocks[1]) == weight.shape, "whole blocks"
-    assert weight_scale.stride(1) == 1, "block scales in contiguous rows"
-    return blocks
-
-
 def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_out=None, eps=0.0,
             prologue=PROLOGUE_NONE, weight_scale=None, gated=False):  # fmt: skip
     n = out.shape[-1]
@@ -262,10 +229,6 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
     if gated:  # a block's gate rows and up rows together: the tile of the ungated launch, in two halves
         assert config.programs_per_sm, "only the resident kernel ends with SiLU-and-mul"
         config = config._replace(block_n=max(1, config.block_n // 2))
-    scale_block = scale_blocks(weight, weight_scale)  # FP8 blocks: applied to the input, tile by tile
-    assert not scale_block[0] or scale_block[0] % config.block_n == 0, "a tile's rows within one block"
-    scale_stride = weight_scale.stride(0) if scale_block[0] else 0
-    weight_scale = weight_scale.reshape(-1) if weight_scale is not None and not scale_block[0] else weight_scale
     blocks = triton.cdiv(n, config.block_n)
     if config.programs_per_sm:
         kernel, grid = _gemv_resident_kernel, min(blocks, config.programs_per_sm * num_sms(x.device))
@@ -275,11 +238,10 @@ def _launch(x, weight, bias, out, k, residual=None, norm_weight=None, residual_o
     kernel[(grid,)](
         x, weight, bias if bias is not None else weight, weight_scale if weight_scale is not None else weight, out,
         residual if residual is not None else x, norm_weight if norm_weight is not None else weight,
-        residual_out if residual_out is not None else out, n, k, weight.stride(0), scale_stride, eps,
+        residual_out if residual_out is not None else out, n, k, weight.stride(0), eps,
         PROLOGUE=prologue.value, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        HAS_SCALE=weight_scale is not None and not scale_block[0], SCALE_BLOCK_N=scale_block[0],
-        SCALE_BLOCK_K=scale_block[1], BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps,
-        **options,
+        HAS_SCALE=weight_scale is not None,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, num_warps=config.num_warps, **options,
     )  # fmt: skip
 
 
@@ -296,8 +258,7 @@ def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for one row ``x``; with ``weight_scale`` (float32, one per output row) the
-    weight is FP8 and each output is scaled before the bias: weight-only FP8, half the bytes of bf16; or one scale
-    per block of weights (:func:`scale_blocks`; the blocks' rows a multiple of the tile's)."""
+    weight is FP8 and each output is scaled before the bias: weight-only FP8, half the bytes of bf16."""
     x = _row(x)
     out = _output(x, weight)
     _launch(x, weight, bias, out, x.shape[1], weight_scale=weight_scale)

@@ -18,7 +18,9 @@ twenty-third run). The inputs are clamped to fp16's range (+-65504) first; withi
 value (fp16 has the more mantissa bits), so the products are the bf16 inputs' own, unless an input is beyond
 65504 or below fp16's normal range (6e-5), which float16 rounds to its subnormals' 6e-8 steps. INT8 tiles keep
 the input's dtype: in fp16 they were slower than bf16 weights (170 against 153 us a layer at 8 rows; INT8 widens
-to fp16 one value an instruction, at a quarter of the arithmetic rate).
+to fp16 one value an instruction, at a quarter of the arithmetic rate). Block-wise FP8 (a scale per block of
+weights) keeps each tile within one block and adds the tile's product times its scale; it takes this kernel at one
+row, where it beat cuBLAS's block-scaled GEMM (``quantization/block_fp8.py``).
 
 Unlike the one-row GEMV (``triton_gemv.py``) it fuses no prologue: an RMSNorm or SiLU computed inside the
 kernel is computed again by every program, which for 16 rows cost more than the separate kernel's round trip
@@ -35,7 +37,6 @@ import triton
 import triton.language as tl
 
 from brisk.layers.device_limits import num_sms, shared_memory_per_block
-from brisk.layers.triton_gemv import scale_blocks
 
 
 @triton.jit
@@ -180,13 +181,25 @@ def split_k_for(inputs: int, outputs: int, block_n: int, block_k: int, multiproc
     return max(1, min(inputs // (4 * block_k), triton.cdiv(multiprocessors, 2 * programs)))
 
 
+def scale_blocks(weight: torch.Tensor, weight_scale: torch.Tensor | None) -> tuple[int, int]:
+    """The ``(rows, inputs)`` of weight a scale covers when ``weight_scale`` holds one per block (block-wise FP8:
+    ``[out / rows, in / inputs]``, rows contiguous); ``(0, 0)`` for none, or one per output row (``[out]`` or
+    ``[out, 1]``)."""
+    if weight_scale is None or weight_scale.dim() == 1 or weight_scale.shape == (weight.shape[0], 1):
+        return 0, 0
+    blocks = (weight.shape[0] // weight_scale.shape[0], weight.shape[1] // weight_scale.shape[1])
+    assert (weight_scale.shape[0] * blocks[0], weight_scale.shape[1] * blocks[1]) == weight.shape, "whole blocks"
+    assert weight_scale.stride(1) == 1, "block scales in contiguous rows"
+    return blocks
+
+
 def gemv_rows(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a few rows ``x`` (a matrix whose rows are contiguous runs); an 8-bit
     ``weight`` (FP8 or INT8) is multiplied by its float32 ``weight_scale`` (one per output row) before the bias
     is added; FP8 tiles beside bf16 inputs are multiplied in fp16 (module docstring). With one scale per block of
-    weights (block-wise FP8, ``triton_gemv.scale_blocks``) the tiles shrink to lie in one block."""
+    weights (block-wise FP8, :func:`scale_blocks`) the tiles shrink to lie in one block."""
     assert x.dim() == 2 and weight.stride(1) == 1, "the GEMV takes a matrix of rows and reads weight rows as runs"
     assert (weight_scale is not None) == (weight.element_size() == 1), "8-bit weights come with a scale"
     x = x if x.stride(-1) == 1 else x.contiguous()

@@ -223,19 +223,19 @@ def test_block_fp8_gemm_matches_the_float64_product_of_its_fp8_operands(rows, in
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16])
-@pytest.mark.parametrize("inputs", [1024, 5120])  # at one row the resident kernel, and the tiled one over K tiles
-def test_block_fp8_gemvs_match_the_float64_product(rows, inputs):
-    """Up to 16 rows of block-wise FP8 (decode batches, speculative verification) through the weight-only GEMVs
-    (``fused.scaled_dense``), which apply each block's scale tile by tile, against the float64 product of the
-    bf16 input and the dequantized weight: bf16 rounding alone (the input stays unquantized)."""
-    from brisk.layers.fused import scaled_dense
+@pytest.mark.parametrize("inputs", [1024, 5120])
+def test_block_fp8_few_row_gemv_matches_the_float64_product(rows, inputs):
+    """Block-wise FP8 through the few-row GEMV (block-wise FP8's batch-1 decode path), whose tiles each lie in one
+    block and take its scale, against the float64 product of the bf16 input and the dequantized weight: bf16
+    rounding alone (the input stays unquantized; fp16 products are exact for these inputs)."""
+    from brisk.layers.triton_gemv_rows import gemv_rows
 
     torch.manual_seed(rows)
     outputs = 768
     weight = (torch.randn(outputs, inputs, device=DEV) * 0.5).to(torch.float8_e4m3fn)
     block_scales = torch.rand(outputs // 128, inputs // 128, device=DEV) * 1e-2 + 1e-3
     x = torch.randn(rows, inputs, device=DEV, dtype=BF16)
-    out = scaled_dense(x, weight, block_scales)
+    out = gemv_rows(x, weight, None, block_scales)
     w_dequantized = (weight.double().unflatten(0, (-1, 128)).unflatten(-1, (-1, 128))
                      * block_scales.double()[:, None, :, None]).flatten(-2).flatten(0, 1)  # fmt: skip
     largest, frobenius = _errors(out, x.double() @ w_dequantized.t())

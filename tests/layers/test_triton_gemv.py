@@ -103,45 +103,6 @@ def test_8bit_weight_gemv_matches_the_dequantized_weight(n, k, fmt):
     torch.testing.assert_close(out, F.linear(SiluAndMul._reference(gate_up), reference), atol=1e-4, rtol=1e-4)
 
 
-def _block_fp8(n: int, k: int, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Block-wise FP8 weights ``[n, k]``, their scales (one per block, spanning 2**-3 to 2**3 so that a scale
-    taken from the wrong block shows) and the dequantized float32 weight."""
-    rows, cols = n // block[0], k // block[1]
-    scales = torch.exp2(torch.randint(-3, 4, (rows, cols))).float().to(DEVICE)
-    qweight = torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn)
-    blocks = qweight.float().unflatten(0, (rows, block[0])).unflatten(-1, (cols, block[1]))
-    reference = (blocks * scales[:, None, :, None]).flatten(-2).flatten(0, 1)
-    return qweight, scales, reference
-
-
-@pytest.mark.parametrize(("n", "k", "block"), [(64, 96, (16, 32)), (24, 4224, (8, 128)), (256, 512, (128, 128))])
-def test_block_fp8_gemv_matches_the_dequantized_weight(n, k, block):
-    """Block-wise FP8 weights (a scale per block, applied to the input tile by tile): the resident kernel, the
-    tiled one over K tiles of several blocks (4,224 inputs), the prologues, and the gated epilogue, whose up
-    rows take the scales ``n`` rows further on."""
-    torch.manual_seed(n + k)
-    qweight, scales, reference = _block_fp8(n, k, block)
-    bias = torch.randn(n, device=DEVICE)
-    x = torch.randn(1, k, device=DEVICE)
-
-    def close(out, expected):  # float32 sums in another order: relative to the outputs' size
-        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
-
-    close(triton_gemv.gemv(x, qweight, bias, scales), F.linear(x, reference, bias))
-    gate_up = torch.randn(1, 2 * k, device=DEVICE)
-    out = triton_gemv.silu_and_mul_gemv(gate_up, qweight, None, scales)
-    close(out, F.linear(SiluAndMul._reference(gate_up), reference))
-    norm = RMSNorm(k, 1e-5, torch.float32).to(DEVICE)
-    residual = torch.randn(1, k, device=DEVICE)
-    out, _ = triton_gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, qweight, None, scales)
-    close(out, F.linear(norm._norm(x + residual), reference))
-    if k <= 4096:  # the gated epilogue needs the resident kernel
-        out, _ = triton_gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, qweight, None, scales,
-                                           silu_and_mul=True)  # fmt: skip
-        assert out.shape == (1, n // 2)
-        close(out, SiluAndMul._reference(F.linear(norm._norm(x + residual), reference)))
-
-
 @pytest.mark.parametrize("k", [64, 4200])
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 def test_8bit_gemv_widens_every_value_exactly(k, dtype):

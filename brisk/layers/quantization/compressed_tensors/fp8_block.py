@@ -4,7 +4,7 @@ dequantizes them); inputs quantized at run time per token and group of ``group_s
 128), per token, or not at all.
 
 Blocks of 128 x 128 with inputs in groups of 128 (the preset) run as an FP8 GEMM on Hopper and later GPUs
-(``block_fp8.block_fp8_gemm``; up to 16 rows through the weight-only FP8 GEMVs). Everything else is emulated: the
+(``block_fp8.block_fp8_gemm``; one row through the weight-only few-row GEMV). Everything else is emulated: the
 inputs are quantized and dequantized in float32 as compressed-tensors does, and each matmul multiplies them by the
 dequantized weight in float32."""
 
