@@ -20,13 +20,14 @@ from brisk.layers.norm import RMSNorm
 
 
 def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> tuple[ModuleType | None, torch.Tensor | None]:
-    """The GEMV module when ``linear`` holds plain or FP8 weights (with their scales, the second value: per row,
-    or per block for block-wise FP8, as the method's ``gemv_weight_scale`` gives them where the GEMV reads its
-    weights) and needs no all-reduce between matmul and bias."""
+    """The GEMV module when ``linear`` holds plain or FP8 weights (with their per-row scales, the second value)
+    and needs no all-reduce between matmul and bias."""
     method = linear.quant_method
     if type(method) is UnquantizedLinearMethod:
         weight_scale = None
-    elif (weight_scale := getattr(method, "gemv_weight_scale", lambda _: None)(linear)) is None:
+    elif getattr(method, "fp8_gemv", False):  # FP8 weights on a GPU with FP8 support
+        weight_scale = linear.weight_scale.view(-1)
+    else:
         return None, None
     if isinstance(linear, RowParallelLinear) and get_tp_size() > 1:
         return None, None

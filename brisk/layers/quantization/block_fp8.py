@@ -8,9 +8,8 @@ dequantizing load does, into the input's dtype, and leaves the input unquantized
 of 128 x 128 in bf16/fp16 models are an FP8 GEMM (:func:`block_fp8_gemm`): the input quantized per token and 128
 channels, as transformers' FP8 linear layer on a GPU and vLLM do, then cuBLAS's block-scaled FP8 matmul; one row
 (batch-1 decode) takes the weight-only few-row GEMV instead, which reads the weight once and applies each block's
-scale to its tile. Other
-blocks and older GPUs keep the weight-only emulation (every matmul pays for dequantizing its weight). The weights
-stay in memory as FP8, a byte each plus a scale per block.
+scale to its tile. Other blocks and older GPUs keep the weight-only emulation (every matmul pays for dequantizing
+its weight). The weights stay in memory as FP8, a byte each plus a scale per block.
 
 A fused layer (q/k/v, gate/up) holds its parts' blocks one after another, so each part's outputs, and each rank's
 share of the inputs, must be whole blocks; checkpoints made for transformers are (it derives the block from

@@ -171,11 +171,7 @@ class Fp8OnlineLinearMethod:
         layer.weight = nn.Parameter(qweight, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.native = has_fp8_tensor_cores(qweight.device)
-
-    def gemv_weight_scale(self, layer: nn.Module) -> torch.Tensor | None:
-        """The per-row scales with which batch-1 decode's (fused) weight-only FP8 GEMV reads this layer, on GPUs
-        with FP8 support; None elsewhere."""
-        return layer.weight_scale.view(-1) if self.native else None
+        self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and not self.native:  # weight-only FP8 on GPUs without FP8 tensor cores

@@ -37,11 +37,7 @@ class CompressedTensorsW8A8Fp8(EightBitWeights):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.process_scales(layer)
         self.native = has_fp8_tensor_cores(layer.weight.device)
-
-    def gemv_weight_scale(self, layer: nn.Module) -> torch.Tensor | None:
-        """The per-row scales with which batch-1 decode's (fused) weight-only FP8 GEMV reads this layer, on GPUs
-        with FP8 support; None elsewhere."""
-        return layer.weight_scale.view(-1) if self.native else None
+        self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.native and x.numel() == x.shape[-1]:  # one row: the weight-only FP8 GEMV, whatever the inputs
