@@ -50,8 +50,8 @@ def _gemv_rows_kernel(
     W[n, :]^T`` (times ``scale[n]`` with ``HAS_SCALE``); with ``FP16_PRODUCTS`` the tiles are multiplied in fp16.
     With ``SCALE_BLOCK_K`` the weight has a scale per ``SCALE_BLOCK_N x SCALE_BLOCK_K`` block (block-wise FP8),
     and each tile, which lies in one block, adds its product times its block's scale. With ``SPLIT_K`` slices
-    each program stores its float32 partial sums, ``[SPLIT_K, M, N]``, for ``_sum_splits_kernel`` (scale and
-    bias come there)."""
+    each program stores its float32 partial sums, ``[SPLIT_K, M, N]``, for ``_sum_splits_kernel`` (the bias, and
+    a per-row scale, come there)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -189,7 +189,7 @@ def scale_blocks(weight: torch.Tensor, weight_scale: torch.Tensor | None) -> tup
         return 0, 0
     blocks = (weight.shape[0] // weight_scale.shape[0], weight.shape[1] // weight_scale.shape[1])
     assert (weight_scale.shape[0] * blocks[0], weight_scale.shape[1] * blocks[1]) == weight.shape, "whole blocks"
-    assert weight_scale.stride(1) == 1, "block scales in contiguous rows"
+    assert weight_scale.shape[1] == 1 or weight_scale.stride(1) == 1, "block scales in contiguous rows"
     return blocks
 
 
@@ -211,10 +211,11 @@ def gemv_rows(
         num_sms(x.device),
     )
     scale_block, scale_stride = scale_blocks(weight, weight_scale), 0
-    if scale_block[0]:
-        config = config._replace(block_n=min(config.block_n, scale_block[0]),
-                                 block_k=min(config.block_k, scale_block[1]))  # fmt: skip
-        assert scale_block[0] % config.block_n == 0 and scale_block[1] % config.block_k == 0, "tiles within blocks"
+    if scale_block[0]:  # tiles of the largest powers of two that divide the block, K sliced for those tiles
+        block_n, block_k = (min(tile, size & -size) for tile, size in zip(config[:2], scale_block))
+        assert block_n >= 16 and block_k >= 16, f"blocks of {scale_block} leave tiles under the tensor core's 16"
+        split_k = split_k_for(k, n, block_n, block_k, num_sms(x.device))
+        config = config._replace(block_n=block_n, block_k=block_k, split_k=split_k)
         scale_stride = weight_scale.stride(0)
     scale = weight if weight_scale is None else weight_scale if scale_block[0] else weight_scale.reshape(-1)
     bias_arg = bias if bias is not None else weight

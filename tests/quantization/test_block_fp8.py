@@ -170,3 +170,35 @@ def test_kv_cache_scheme_null_and_an_fp8_cache_asked_for(tiny_llama, tmp_path):
     impl = llm.engine.model_runner.model.model.layers[1].self_attn.attn.impl
     assert (impl.k_scale, impl.v_scale) == (0.5, 2.0)
     assert len(brisk_greedy(llm, PROMPTS)[0]) == 10
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (1, 1, 256), (256,), (3, 256)])
+def test_the_gemm_path_takes_one_row_through_the_few_row_gemv(shape, monkeypatch):
+    """Where the FP8 GEMM runs (``gemm_scales`` set, as on sm90+; set by hand here, the few-row GEMV in Triton's
+    interpreter), one row of any shape goes through the few-row GEMV with the block scales and keeps its shape;
+    the values are the bf16 input times the dequantized weight. More rows go to cuBLAS's block GEMM, which runs
+    on GPUs only: its call is recorded instead."""
+    from torch import nn
+
+    from brisk.layers.quantization import block_fp8
+
+    torch.manual_seed(len(shape))
+    method, layer = block_fp8.BlockFp8LinearMethod((128, 128), "layer"), nn.Module()
+    layer.weight = (torch.randn(384, 256) * 0.5).to(torch.float8_e4m3fn)
+    layer.weight_scale_inv = torch.exp2(torch.randint(-3, 4, (3, 2))).float()
+    layer.gemm_scales = layer.weight_scale_inv  # the GEMM's copy: its presence routes the call
+    from brisk.layers import triton_gemv_rows
+
+    monkeypatch.setattr(block_fp8, "block_fp8_gemm", lambda *args: "cuBLAS")
+    calls = []
+    gemv_rows = triton_gemv_rows.gemv_rows
+    monkeypatch.setattr(triton_gemv_rows, "gemv_rows", lambda *args: calls.append(args[3]) or gemv_rows(*args))
+    x = torch.randn(shape).to(torch.bfloat16)
+    out = method.apply(layer, x, None)
+    if x.numel() > shape[-1]:
+        assert out == "cuBLAS" and not calls
+        return
+    assert len(calls) == 1 and calls[0] is layer.weight_scale_inv  # the block scales, unpadded
+    assert out.shape == (*shape[:-1], 384) and out.dtype == torch.bfloat16
+    exact = x.double() @ method.dequantized_weight(layer).double().t()
+    torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=2**-7 * exact.abs().max().item())

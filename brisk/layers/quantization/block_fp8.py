@@ -85,7 +85,10 @@ class BlockFp8Weights:
         """Where the FP8 GEMM runs: one row (batch-1 decode) through the few-row GEMV, weight-only, whose tiles
         each lie in one block and take its scale (on an H100 W3 went from 212.6 to 225.8 tok/s against cuBLAS at
         rows padded to 4 after a quantization launch; at 4 rows cuBLAS stayed 1% ahead, thirty-second run); more
-        rows through the GEMM. Elsewhere weight-only: the input as it is, times the dequantized weight."""
+        rows through the GEMM. The one row is not quantized (as per-channel FP8's GEMVs leave it), so a request's
+        logits at batch 1 differ slightly from the same request's in a batch, or in speculative verification; and
+        beside bf16 the GEMV multiplies in fp16, whose range (+-65504) clamps larger inputs (``triton_gemv_rows``).
+        Elsewhere weight-only: the input as it is, times the dequantized weight."""
         if getattr(layer, "gemm_scales", None) is not None and x.dtype in (torch.bfloat16, torch.float16):
             if x.numel() == x.shape[-1]:
                 from brisk.layers.triton_gemv_rows import gemv_rows
