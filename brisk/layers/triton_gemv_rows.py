@@ -140,6 +140,7 @@ def gemv_rows_config(
     inputs: int = 0,
     outputs: int = 0,
     multiprocessors: int = 0,
+    scale_block: tuple[int, int] = (0, 0),
 ) -> GemvRowsConfig:
     """Measured on an H200 (``benchmarks/tune_gemv_rows.py``, Llama-3.1-8B projections at 4 and 16 rows, bf16):
     64 outputs by 256 inputs a tile, four stages in flight, was the best single choice over the four projections
@@ -152,10 +153,15 @@ def gemv_rows_config(
     same). Cached: an eager step asks once a projection.
 
     A projection of few ``outputs`` and many ``inputs`` (a small model's down projection) leaves most of the
-    ``multiprocessors`` idle, so its K is split (``split_k_for``)."""
+    ``multiprocessors`` idle, so its K is split (``split_k_for``). Weights with a scale per ``scale_block``
+    (block-wise FP8, :func:`scale_blocks`) take tiles of at most the largest powers of two that divide the block,
+    so that each tile lies in one block."""
     weight_size = weight_element_size or element_size
     block_n = 32 if fp16_products else 64
     block_k = 512 // element_size
+    if scale_block[0]:
+        block_n, block_k = (min(tile, size & -size) for tile, size in zip((block_n, block_k), scale_block))
+        assert block_n >= 16 and block_k >= 16, f"blocks of {scale_block} leave tiles under the tensor core's 16"
     stages = MAX_STAGES
     while shared_memory:
         stage_bytes = (block_n * weight_size + block_m(rows) * element_size) * block_k
@@ -206,17 +212,12 @@ def gemv_rows(
     (m, k), n = x.shape, weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     fp16_products = weight.dtype == torch.float8_e4m3fn and x.dtype == torch.bfloat16
+    scale_block = scale_blocks(weight, weight_scale)
     config = gemv_rows_config(
         m, x.element_size(), shared_memory_per_block(x.device), weight.element_size(), fp16_products, k, n,
-        num_sms(x.device),
+        num_sms(x.device), scale_block,
     )
-    scale_block, scale_stride = scale_blocks(weight, weight_scale), 0
-    if scale_block[0]:  # tiles of the largest powers of two that divide the block, K sliced for those tiles
-        block_n, block_k = (min(tile, size & -size) for tile, size in zip(config[:2], scale_block))
-        assert block_n >= 16 and block_k >= 16, f"blocks of {scale_block} leave tiles under the tensor core's 16"
-        split_k = split_k_for(k, n, block_n, block_k, num_sms(x.device))
-        config = config._replace(block_n=block_n, block_k=block_k, split_k=split_k)
-        scale_stride = weight_scale.stride(0)
+    scale_stride = weight_scale.stride(0) if scale_block[0] else 0
     scale = weight if weight_scale is None else weight_scale if scale_block[0] else weight_scale.reshape(-1)
     bias_arg = bias if bias is not None else weight
     # Slices of whole K tiles; a split that leaves a slice empty would only store zeros.

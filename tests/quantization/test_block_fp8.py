@@ -180,6 +180,7 @@ def test_the_gemm_path_takes_one_row_through_the_few_row_gemv(shape, monkeypatch
     on GPUs only: its call is recorded instead."""
     from torch import nn
 
+    from brisk.layers import triton_gemv_rows
     from brisk.layers.quantization import block_fp8
 
     torch.manual_seed(len(shape))
@@ -187,8 +188,6 @@ def test_the_gemm_path_takes_one_row_through_the_few_row_gemv(shape, monkeypatch
     layer.weight = (torch.randn(384, 256) * 0.5).to(torch.float8_e4m3fn)
     layer.weight_scale_inv = torch.exp2(torch.randint(-3, 4, (3, 2))).float()
     layer.gemm_scales = layer.weight_scale_inv  # the GEMM's copy: its presence routes the call
-    from brisk.layers import triton_gemv_rows
-
     monkeypatch.setattr(block_fp8, "block_fp8_gemm", lambda *args: "cuBLAS")
     calls = []
     gemv_rows = triton_gemv_rows.gemv_rows
