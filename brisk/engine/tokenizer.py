@@ -53,13 +53,51 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
         raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
     from transformers import AutoTokenizer
 
+    config = None if trust_remote_code else _class_choice_config(path)
     try:
+        if config is not None:
+            return AutoTokenizer.from_pretrained(path, config=config)
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
         if optional:
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+
+
+def _class_choice_config(path) -> object | None:
+    """What ``AutoTokenizer`` reads of the model's config to choose a tokenizer class (its ``model_type``, its
+    path, its ``tokenizer_class``), taken from the folder's JSON files; None where the choice may read more.
+
+    Without it, ``AutoTokenizer`` loads the config through ``AutoConfig``, whose model config module imports
+    ``torch.distributed.tensor`` and sympy on transformers 5: 1.4 s of a 2.6 s load on a 2-core CPU, and held by
+    the interpreter lock beside the engine's start-up. The choice is the same where the tokenizer config names
+    its class and neither file ships code (``auto_map``): every branch taken then reads only those three fields
+    (tests/engine/test_tokenizer_loading.py compares the two loads)."""
+    folder = os.path.expanduser(str(path))
+    tokenizer_fields = _json_object(os.path.join(folder, "tokenizer_config.json"))
+    model_fields = _json_object(os.path.join(folder, "config.json"))
+    if tokenizer_fields is None or model_fields is None or "auto_map" in tokenizer_fields or "auto_map" in model_fields:
+        return None
+    model_type, tokenizer_class = model_fields.get("model_type"), tokenizer_fields.get("tokenizer_class")
+    if not (isinstance(model_type, str) and model_type and isinstance(tokenizer_class, str)):
+        return None
+    from transformers import PretrainedConfig
+
+    config = PretrainedConfig(tokenizer_class=model_fields.get("tokenizer_class"))
+    config.model_type = model_type
+    config._name_or_path = str(path)
+    return config
+
+
+def _json_object(file: str) -> dict | None:
+    """The JSON object in ``file``; None where it is missing or holds something else."""
+    try:
+        with open(file, encoding="utf-8") as handle:
+            fields = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return fields if isinstance(fields, dict) else None
 
 
 def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code: bool = False) -> Future:
