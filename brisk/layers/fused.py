@@ -38,6 +38,15 @@ def gemv_ops_for(x: torch.Tensor) -> ModuleType | None:
     return _triton_module("triton_gemv")
 
 
+def fp8_activation_ops_for(x: torch.Tensor) -> ModuleType | None:
+    """The ``quantization.triton_fp8_activation`` module when ``x`` (contiguous rows) has more rows than the
+    GEMVs take, on a CUDA device: there the op before a projection that multiplies FP8 inputs on FP8 tensor cores
+    can write that input itself."""
+    if not x.is_cuda or x.dim() != 2 or x.shape[0] <= GEMV_MAX_ROWS or x.stride(-1) != 1:
+        return None
+    return _triton_module("quantization.triton_fp8_activation")
+
+
 @functools.cache
 def has_bf16_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)

@@ -2,8 +2,9 @@
 gated MLP after its norm, whose gate/up projection can end with the SiLU-and-mul instead.
 
 On a GPU at decode batch sizes these run as one Triton GEMV launch that computes its input on the fly
-(``triton_gemv.py``); everywhere else they are the plain composition of the two layers, which stays the
-reference.
+(``triton_gemv.py``); above them, where the projection multiplies FP8 inputs per token on FP8 tensor cores, the
+op before it writes that input in FP8 itself (``triton_fp8_activation.py``); everywhere else they are the plain
+composition of the two layers, which stays the reference.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import torch
 
 from brisk.distributed.parallel_state import get_tp_size
 from brisk.layers.activation import SiluAndMul
-from brisk.layers.fused import gemv_ops_for
+from brisk.layers.fused import fp8_activation_ops_for, gemv_ops_for
 from brisk.layers.linear import LinearBase, RowParallelLinear, UnquantizedLinearMethod
 from brisk.layers.norm import RMSNorm
+from brisk.layers.quantization.fp8_utils import fp8_scaled_mm
 
 
 def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> tuple[ModuleType | None, torch.Tensor | None]:
@@ -32,6 +34,22 @@ def _fused_gemv(linear: LinearBase, x: torch.Tensor) -> tuple[ModuleType | None,
     if isinstance(linear, RowParallelLinear) and get_tp_size() > 1:
         return None, None
     return gemv_ops_for(x), weight_scale
+
+
+def _fp8_activation_ops(linear: LinearBase, x: torch.Tensor, width: int) -> ModuleType | None:
+    """``triton_fp8_activation`` where ``linear`` multiplies ``x``, whose op before it writes ``width``-wide
+    rows, on FP8 tensor cores with its input in FP8 per token and that op can write that input itself (more rows
+    than the weight-only GEMVs take, rows that fit one program, no all-reduce between the matmul and the bias)."""
+    if not getattr(linear.quant_method, "fp8_per_token_input", False):
+        return None
+    if isinstance(linear, RowParallelLinear) and get_tp_size() > 1:
+        return None
+    ops = fp8_activation_ops_for(x)
+    return ops if ops is not None and ops.fuses_quantization(width) else None
+
+
+def _fp8_rows_linear(linear: LinearBase, xq: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return fp8_scaled_mm(xq, scale, linear.weight, linear.weight_scale, linear.bias).to(dtype)
 
 
 def rms_norm_linear(
@@ -56,6 +74,10 @@ def _rms_norm_linear(
         return gemv.rms_norm_gemv(
             x, residual, norm.weight, norm.eps, linear.weight, linear.bias, weight_scale, silu_and_mul=silu_and_mul
         )
+    fp8_ops = _fp8_activation_ops(linear, x, x.shape[-1])
+    if fp8_ops is not None:
+        xq, scale, residual = fp8_ops.rms_norm_quantize_fp8(x, norm.weight, norm.eps, residual)
+        return _fp8_rows_linear(linear, xq, scale, x.dtype), residual
     if residual is None:
         return linear(norm(x)), x
     normed, residual = norm(x, residual)
@@ -67,6 +89,9 @@ def silu_and_mul_linear(act: SiluAndMul, linear: LinearBase, x: torch.Tensor) ->
     gemv, weight_scale = _fused_gemv(linear, x)
     if gemv is not None:
         return gemv.silu_and_mul_gemv(x, linear.weight, linear.bias, weight_scale)
+    fp8_ops = _fp8_activation_ops(linear, x, x.shape[-1] // 2)
+    if fp8_ops is not None:
+        return _fp8_rows_linear(linear, *fp8_ops.silu_and_mul_quantize_fp8(x), x.dtype)
     return linear(act(x))
 
 

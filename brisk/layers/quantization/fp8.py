@@ -172,6 +172,7 @@ class Fp8OnlineLinearMethod:
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.native = has_fp8_tensor_cores(qweight.device)
         self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
+        self.fp8_per_token_input = self.native  # more rows: inputs in FP8 per token (fused_linear may write them)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and not self.native:  # weight-only FP8 on GPUs without FP8 tensor cores

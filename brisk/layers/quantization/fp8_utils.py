@@ -91,6 +91,18 @@ def _native_fp8_linear(
     if out is not None:
         return out
     xq, x_scale = quantize_fp8_rows(rows.contiguous(), input_scale)
+    return fp8_scaled_mm(xq, x_scale, weight, weight_scale, bias)
+
+
+def fp8_scaled_mm(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """``(xq x_scale) (weight weight_scale)^T + bias`` in bf16 on FP8 tensor cores, for an input already in FP8
+    with its float32 scales ``[M, 1]`` (per token, or one static scale expanded)."""
     out = torch._scaled_mm(
         xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=weight_scale.reshape(1, -1), out_dtype=torch.bfloat16,
         use_fast_accum=True,

@@ -38,6 +38,8 @@ class CompressedTensorsW8A8Fp8(EightBitWeights):
         self.process_scales(layer)
         self.native = has_fp8_tensor_cores(layer.weight.device)
         self.fp8_gemv = self.native  # batch-1 decode through the (fused) weight-only FP8 GEMV
+        # more rows: inputs in FP8 per token (fused_linear may write them)
+        self.fp8_per_token_input = self.native and self.quantize_inputs and not self.static_input
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.native and x.numel() == x.shape[-1]:  # one row: the weight-only FP8 GEMV, whatever the inputs
