@@ -42,15 +42,11 @@ def embedding(input_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
-    x_stride, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
-):  # fmt: skip
-    start_dependent_kernel(USE_PDL)
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < hidden
+def rms_norm_row(x_ptr, residual_ptr, weight_ptr, residual_out_ptr, row, x_stride, hidden, eps, cols, mask,
+                 HAS_RESIDUAL: tl.constexpr):  # fmt: skip
+    """Row ``row`` of ``norm(x + residual)`` in the activation dtype, storing ``x + residual`` where there is a
+    residual; each step rounded to the activation dtype as the unfused torch ops store it. Shared with the norm
+    that writes FP8 (``quantization/triton_fp8_activation.py``), so that both compute the same values."""
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(residual_ptr + row * hidden + cols, mask=mask, other=0.0)
@@ -60,7 +56,22 @@ def _rms_norm_kernel(
     variance = tl.sum(xf * xf, axis=0) / hidden
     normed = (xf * tl.rsqrt(variance + eps)).to(x.dtype)
     w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * hidden + cols, (normed.to(tl.float32) * w.to(tl.float32)).to(x.dtype), mask=mask)
+    return (normed.to(tl.float32) * w.to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
+    x_stride, hidden, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    start_dependent_kernel(USE_PDL)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    out = rms_norm_row(x_ptr, residual_ptr, weight_ptr, residual_out_ptr, row, x_stride, hidden, eps, cols, mask,
+                       HAS_RESIDUAL)  # fmt: skip
+    tl.store(out_ptr + row * hidden + cols, out, mask=mask)
 
 
 def rms_norm(

@@ -249,7 +249,7 @@ def test_fp8_inputs_written_by_the_norm_and_activation_hold_the_exact_values(row
     (to bf16 twice, up to 2**-8 each, or a whole step of 2**-7 where Triton's interpreter truncates, which the
     CPU check of this bound ran; then to FP8 E4M3, up to 2**-4 of a normal value or half the subnormals' step of
     2**-9 times the row's scale). Under the interpreter they equal the unfused kernels bit for bit; on an H100
-    the norm at 2,048 rows did not (its row's reduction may be scheduled otherwise), hence the bound here."""
+    the norm at 2,048 rows did not, before the two kernels shared their row code, hence the bound here."""
     if not has_fp8_tensor_cores(torch.device(DEV)):
         pytest.skip("needs FP8 tensor cores (sm89+)")
     from brisk.layers.quantization.triton_fp8_activation import rms_norm_quantize_fp8, silu_and_mul_quantize_fp8

@@ -6,11 +6,12 @@ reads it twice (its largest magnitude, then the values). Here one program holds 
 op, its largest magnitude and its FP8 values, and writes those alone (and the residual sum): a launch and about
 three of the activation's round trips through memory fewer, per norm and per gated MLP (on an H100, W1 with FP8
 weights 10,701 against 10,238 output tok/s, one run each; ``docs/benchmarks.md``, thirty-third run). The
-arithmetic is that of the two kernels in series: the op's output rounded to the activation dtype as it would be
-stored, then quantized as ``triton_fp8.quantize_fp8_rows`` does. Under Triton's interpreter the values are bit
-for bit those of the two kernels; on an H100 some of the norm's values at 2,048 rows were not (cause not found;
-``tests/gpu`` bounds them against the exact values), while a model's tokens and prompt logprobs equalled those
-of the unfused kernels.
+arithmetic is that of the two kernels in series (the norm's row is ``triton_ops.rms_norm_row``, the unfused
+kernel's own): the op's output rounded to the activation dtype as it would be stored, then quantized as
+``triton_fp8.quantize_fp8_rows`` does. Under Triton's interpreter the values are bit for bit those of the two
+kernels; on an H100 some of the norm's values at 2,048 rows were not, before the row was shared (``tests/gpu``
+bounds them against the exact values), while a model's tokens and prompt logprobs equalled those of the
+unfused kernels.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import triton
 import triton.language as tl
 
 from brisk.layers.quantization.triton_fp8 import FP8_MAX_MAGNITUDE, MIN_SCALE, round_to_e4m3
-from brisk.layers.triton_gemv import _rms_normalize, _silu_and_mul
+from brisk.layers.triton_gemv import _silu_and_mul
+from brisk.layers.triton_ops import rms_norm_row
 
 # The widest row one program holds (values in registers, 16 warps): the 8B shape's 14,336-wide MLP fits; wider
 # rows take the two kernels in series.
@@ -42,17 +44,11 @@ def _rms_norm_quantize_kernel(
     x_ptr, residual_ptr, weight_ptr, q_ptr, scale_ptr, residual_out_ptr, x_stride, hidden, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * hidden + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like the unfused add
-        tl.store(residual_out_ptr + row * hidden + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
-    normed = _rms_normalize(x, rstd, tl.load(weight_ptr + cols, mask=mask, other=0.0))
+    normed = rms_norm_row(x_ptr, residual_ptr, weight_ptr, residual_out_ptr, row, x_stride, hidden, eps, cols, mask,
+                          HAS_RESIDUAL)  # fmt: skip
     _store_fp8_row(normed.to(tl.float32), q_ptr + row * hidden, scale_ptr, row, cols, mask)
 
 
