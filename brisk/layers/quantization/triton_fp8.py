@@ -29,6 +29,19 @@ def round_to_e4m3(x):
 
 
 @triton.jit
+def fp8_scale(amax):
+    """The per-token scale of a row whose largest magnitude is ``amax``: ``amax / 448`` (IEEE division, as torch
+    divides), at least ``MIN_SCALE``."""
+    return tl.maximum(tl.math.div_rn(amax, FP8_MAX_MAGNITUDE), MIN_SCALE)
+
+
+@triton.jit
+def fp8_values(x, scale):
+    """``x`` (float32) over ``scale``, saturated and rounded to the nearest FP8 value (still float32, exact)."""
+    return round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_MAGNITUDE, FP8_MAX_MAGNITUDE))
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr, q_ptr, scale_ptr, static_scale_ptr, K, stride_x, stride_q, groups, scale_group_stride,
     STATIC: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -46,13 +59,12 @@ def _quantize_rows_kernel(
         for k0 in range(0, K, BLOCK_K):
             x = tl.load(x_row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_MAX_MAGNITUDE), MIN_SCALE)
+        scale = fp8_scale(tl.max(amax, axis=0))
         tl.store(scale_ptr + (row % groups) * scale_group_stride + row // groups, scale)
     for k0 in range(0, K, BLOCK_K):
         mask = k0 + offs < K
         x = tl.load(x_row + k0 + offs, mask=mask, other=0.0).to(tl.float32)
-        q = round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_MAGNITUDE, FP8_MAX_MAGNITUDE))
-        tl.store(q_row + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(q_row + k0 + offs, fp8_values(x, scale).to(q_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_fp8_rows(x: torch.Tensor, static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from brisk.layers.quantization.triton_fp8 import FP8_MAX_MAGNITUDE, MIN_SCALE, round_to_e4m3
+from brisk.layers.quantization.triton_fp8 import fp8_scale, fp8_values
 from brisk.layers.triton_gemv import _silu_and_mul
 from brisk.layers.triton_ops import rms_norm_row
 
@@ -32,11 +32,10 @@ MAX_FUSED_WIDTH = 16384
 @triton.jit
 def _store_fp8_row(x, q_row_ptr, scale_ptr, row, cols, mask):
     """One row ``x`` (float32 holding activation-dtype values, zeros past ``mask``) scaled by its largest
-    magnitude over 448 and rounded to FP8, as ``quantize_fp8_rows`` computes it."""
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8_MAX_MAGNITUDE), MIN_SCALE)
+    magnitude over 448 and rounded to FP8, with ``quantize_fp8_rows``'s own arithmetic."""
+    scale = fp8_scale(tl.max(tl.abs(x), axis=0))
     tl.store(scale_ptr + row, scale)
-    q = round_to_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_MAGNITUDE, FP8_MAX_MAGNITUDE))
-    tl.store(q_row_ptr + cols, q.to(q_row_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_row_ptr + cols, fp8_values(x, scale).to(q_row_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
