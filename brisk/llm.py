@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from brisk.config import EngineArgs
 from brisk.engine.engine import LLMEngine
 from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS, template_message
+from brisk.engine.tokenizer_snapshot import transformers_tokenizer
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import SamplingParams
 
@@ -31,7 +32,8 @@ class LLM:
         self._ids = itertools.count()
 
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        """The transformers tokenizer of the model (None for random weights without one)."""
+        return transformers_tokenizer(self.engine.tokenizer)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` and ``chat`` sample with when given no ``SamplingParams``: the neutral defaults, or

@@ -9,6 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from brisk.engine.request import Request
+from brisk.engine.tokenizer_snapshot import transformers_tokenizer
 from brisk.sampling_params import SamplingParams
 from brisk.structured_outputs.compiler import GrammarCompiler
 from brisk.structured_outputs.state import GrammarState
@@ -56,7 +57,10 @@ class RequestConstraints:
         if params.structured_outputs is None:
             return False
         if self._compiler is None:
-            self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+            tokenizer = self.tokenizer
+            self._compiler = GrammarCompiler(
+                lambda: transformers_tokenizer(tokenizer), self.vocab_size, sorted(self.eos_token_ids)
+            )
         self._pending.append((self._compiler.submit(params.structured_outputs), requests))
         return True
 

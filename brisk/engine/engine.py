@@ -114,6 +114,7 @@ class LLMEngine:
             args.tokenizer or path,
             optional=args.load_format == "dummy" and args.tokenizer is None,
             trust_remote_code=args.trust_remote_code,
+            use_snapshot=True,
         )
         self.default_sampling_fields = default_sampling_fields(path, args.generation_config)
 

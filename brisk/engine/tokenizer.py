@@ -39,30 +39,48 @@ def _missing_tokenizer(path) -> str | None:
     return "no such folder" if os.path.isabs(folder) or folder.startswith(".") else None
 
 
-def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False):
+def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False, use_snapshot: bool = False):
     """The tokenizer at ``path``; an error that names it, or None with a warning when ``optional``.
 
     A local folder that holds no tokenizer file (a named shape with random weights) is not handed to
     transformers' ``AutoTokenizer``, which would first import its model-config modules (2 to 10 s of start-up,
-    most of that phase on a GPU host) only to fail."""
+    most of that phase on a GPU host) only to fail. With ``use_snapshot`` (the engine's encode and decode), a
+    snapshot of the tokenizer saved by an earlier load stands in for it without importing transformers, and a
+    load through transformers saves one where it can (``tokenizer_snapshot.py``)."""
     missing = _missing_tokenizer(path)
     if missing is not None:
         if optional:
             logger.warning("no tokenizer files in %s: only token-id prompts will work", path)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
-    from transformers import AutoTokenizer
+    use_snapshot = use_snapshot and not trust_remote_code
+    if use_snapshot:
+        from brisk.engine.tokenizer_snapshot import load_snapshot
 
-    config = None if trust_remote_code else _class_choice_config(path)
+        snapshot = load_snapshot(path, lambda: load_tokenizer(path))
+        if snapshot is not None:
+            return snapshot
     try:
-        if config is not None:
-            return AutoTokenizer.from_pretrained(path, config=config)
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = _load_with_transformers(path, trust_remote_code)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
         if optional:
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
+    if use_snapshot:
+        from brisk.engine.tokenizer_snapshot import save_snapshot
+
+        save_snapshot(tokenizer, path)
+    return tokenizer
+
+
+def _load_with_transformers(path, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    config = None if trust_remote_code else _class_choice_config(path)
+    if config is not None:
+        return AutoTokenizer.from_pretrained(path, config=config)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def _class_choice_config(path) -> object | None:
@@ -100,7 +118,9 @@ def _json_object(file: str) -> dict | None:
     return fields if isinstance(fields, dict) else None
 
 
-def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code: bool = False) -> Future:
+def load_tokenizer_in_background(
+    path, optional: bool = False, trust_remote_code: bool = False, use_snapshot: bool = False
+) -> Future:
     """:func:`load_tokenizer` on a thread; the future holds the tokenizer or the error.
 
     Loading a tokenizer imports transformers, seconds of start-up that need nothing but the tokenizer's files, so
@@ -115,7 +135,8 @@ def load_tokenizer_in_background(path, optional: bool = False, trust_remote_code
 
     def load() -> None:
         try:
-            tokenizer, error = load_tokenizer(path, optional=optional, trust_remote_code=trust_remote_code), None
+            tokenizer = load_tokenizer(path, optional, trust_remote_code, use_snapshot)
+            error = None
         except BaseException as exc:  # raised again by future.result() in the caller's thread
             tokenizer, error = None, exc
         _switch_interval.end()  # before the caller can see the result

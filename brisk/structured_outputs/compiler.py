@@ -7,6 +7,7 @@ one pay nothing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -26,8 +27,12 @@ def json_whitespace(params: StructuredOutputsParams) -> dict:
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_workers: int = 2):
-        self._tokenizer = tokenizer
+    def __init__(
+        self, load_tokenizer: Callable[[], Any], vocab_size: int, stop_token_ids: list[int], max_workers: int = 2
+    ):
+        """``load_tokenizer`` returns the transformers tokenizer whose vocabulary grammars are compiled against;
+        it is called once, in the pool (it may import transformers)."""
+        self._load_tokenizer = load_tokenizer
         self._vocab_size = vocab_size
         self._stop_token_ids = stop_token_ids
         self._compiler: Any = None
@@ -57,7 +62,7 @@ class GrammarCompiler:
                 import xgrammar as xgr
 
                 info = xgr.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
+                    self._load_tokenizer(), vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
                 )
                 self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
             return self._compiler

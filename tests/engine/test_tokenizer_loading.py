@@ -49,7 +49,7 @@ TOKENIZER_CLASS_CASES = {  # tokenizer_config's class for the tiny models' byte-
 }
 
 
-def _tokenizer_folder(tiny_model_factory, tmp_path, tokenizer_class: str | None, model_type: str) -> Path:
+def tokenizer_folder(tiny_model_factory, tmp_path, tokenizer_class: str | None, model_type: str) -> Path:
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_factory(model_type), folder)
     if tokenizer_class is not None:
@@ -68,7 +68,7 @@ def test_tokenizer_is_the_one_autotokenizer_loads(case, tiny_model_factory, tmp_
     the same class, special tokens, encoding, decoding and chat template as ``AutoTokenizer`` gives."""
     from transformers import AutoTokenizer
 
-    folder = _tokenizer_folder(tiny_model_factory, tmp_path, *TOKENIZER_CLASS_CASES[case])
+    folder = tokenizer_folder(tiny_model_factory, tmp_path, *TOKENIZER_CLASS_CASES[case])
     ours, theirs = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
     assert type(ours) is type(theirs)
     text = "Hello <|im_end|> world, héllo again"

@@ -1,0 +1,203 @@
+"""The engine's tokenizer after a first load: the pipeline transformers built, saved and loaded with the
+``tokenizers`` library alone, encodes and decodes exactly as transformers' tokenizer does, for each tokenizer
+class transformers chooses and for the real tokenizers installed here; anything else goes to transformers'
+tokenizer, loaded on first use. A tokenizer whose decoding does more than its pipeline is never saved."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from brisk.engine.tokenizer import load_tokenizer
+from brisk.engine.tokenizer_snapshot import SnapshotTokenizer, snapshot_dir, snapshot_key, transformers_tokenizer
+from brisk.loader.gguf import GGUFFile
+from brisk.loader.gguf_tokenizer import save_tokenizer
+from brisk.loader.resolve import locate_known
+from tests.engine.test_tokenizer_loading import TOKENIZER_CLASS_CASES, tokenizer_folder
+from tests.real_models import installed
+
+TEXTS = [
+    "Hello <|im_end|> world, héllo again",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "def add(a, b):\n    return a + b\n\n\n",
+    "Numbers 1234567890, symbols !@#$%^&*() and  double  spaces\ttabs\r\n",
+    "日本語のテキスト, emoji 🙂👍🏽, Ελληνικά, русский . , ! ?",
+    "",
+]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+SMOLLM2, skip_without_smollm2 = installed("smollm2-135m-instruct")
+QWEN, skip_without_qwen = installed("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRISK_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _load_twice(folder):
+    """The first load (transformers', which saves the snapshot) and the second (the snapshot)."""
+    first, second = load_tokenizer(folder, use_snapshot=True), load_tokenizer(folder, use_snapshot=True)
+    assert not isinstance(first, SnapshotTokenizer)
+    assert isinstance(second, SnapshotTokenizer), "no snapshot was saved"
+    return first, second
+
+
+def assert_same_tokenizer(theirs, ours, sample_ids: int | None = None) -> None:
+    """Encodings with and without special tokens, decodings of every id (or ``sample_ids`` of them) and of runs
+    of ids with and without special tokens, and the fields the engine reads."""
+    for text in TEXTS:
+        for special in (True, False):
+            assert ours.encode(text, add_special_tokens=special) == theirs.encode(text, add_special_tokens=special)
+    ids = list(range(len(theirs)))
+    if sample_ids is not None:
+        ids = random.Random(0).sample(ids, sample_ids) + list(theirs.all_special_ids)
+    for skip in (True, False):
+        assert [ours.decode([i], skip_special_tokens=skip) for i in ids] == [
+            theirs.decode([i], skip_special_tokens=skip) for i in ids
+        ]
+        runs = [ids[start : start + 7] for start in range(0, len(ids), 7)]
+        assert [ours.decode(run, skip_special_tokens=skip) for run in runs] == [
+            theirs.decode(run, skip_special_tokens=skip) for run in runs
+        ]
+    assert ours.convert_ids_to_tokens(ids[:50]) == theirs.convert_ids_to_tokens(ids[:50])
+    assert ours.convert_ids_to_tokens(ids[:50], skip_special_tokens=True) == theirs.convert_ids_to_tokens(
+        ids[:50], skip_special_tokens=True
+    )
+    fields = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_ids", "vocab_size")
+    assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
+    assert (len(ours), ours.get_vocab(), ours.chat_template) == (len(theirs), theirs.get_vocab(), theirs.chat_template)
+    assert ours.num_special_tokens_to_add() == theirs.num_special_tokens_to_add()
+
+
+@pytest.mark.parametrize("case", TOKENIZER_CLASS_CASES)
+def test_snapshot_encodes_and_decodes_as_transformers(case, tiny_model_factory, tmp_path):
+    theirs, ours = _load_twice(tokenizer_folder(tiny_model_factory, tmp_path, *TOKENIZER_CLASS_CASES[case]))
+    assert_same_tokenizer(theirs, ours)
+    assert ours.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == (
+        theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    )
+
+
+def _real_tokenizer_folder(known, tmp_path: Path, tokenizer_class: str | None) -> Path:
+    """The tokenizer files brisk converts from the model's GGUF, with transformers' generic class, or
+    ``tokenizer_class`` (SmolLM2's hub files name GPT2Tokenizer)."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    with GGUFFile(locate_known(known)) as gguf:
+        save_tokenizer(gguf.fields, folder)
+        architecture = gguf.fields["general.architecture"]
+    (folder / "config.json").write_text(json.dumps({"model_type": architecture}))
+    if tokenizer_class:
+        fields = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**fields, "tokenizer_class": tokenizer_class}))
+    return folder
+
+
+@skip_without_smollm2
+@pytest.mark.parametrize("tokenizer_class", [None, "GPT2Tokenizer"])
+def test_smollm2_snapshot(tokenizer_class, tmp_path):
+    theirs, ours = _load_twice(_real_tokenizer_folder(SMOLLM2, tmp_path, tokenizer_class))
+    assert_same_tokenizer(theirs, ours)
+
+
+@skip_without_qwen
+@pytest.mark.parametrize("tokenizer_class", [None, "Qwen2Tokenizer"])
+def test_qwen_snapshot(tokenizer_class, tmp_path):
+    theirs, ours = _load_twice(_real_tokenizer_folder(QWEN, tmp_path, tokenizer_class))
+    assert_same_tokenizer(theirs, ours, sample_ids=20_000)
+
+
+def test_the_snapshot_loads_without_transformers(tiny_llama, tmp_path):
+    """In a fresh process the snapshot encodes and decodes with transformers unimported; a chat template, which
+    only transformers renders, imports it then and renders as transformers' own tokenizer does."""
+    theirs = load_tokenizer(tiny_llama, use_snapshot=True)  # saves the snapshot
+    probe = (
+        "import sys, json\n"
+        "from brisk.engine.tokenizer import load_tokenizer\n"
+        "tok = load_tokenizer(sys.argv[1], use_snapshot=True)\n"
+        "ids = tok.encode(sys.argv[2])\n"
+        "before = 'transformers' in sys.modules\n"
+        "chat = tok.apply_chat_template(json.loads(sys.argv[3]), tokenize=False, add_generation_prompt=True)\n"
+        "print(json.dumps([type(tok).__name__, ids, tok.decode(ids), before, 'transformers' in sys.modules, chat]))\n"
+    )
+    text = TEXTS[0]
+    run = subprocess.run(
+        [sys.executable, "-c", probe, tiny_llama, text, json.dumps(MESSAGES)], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    name, ids, decoded, imported_before, imported_after, chat = json.loads(run.stdout)
+    assert (name, ids, decoded) == ("SnapshotTokenizer", theirs.encode(text), theirs.decode(theirs.encode(text)))
+    assert (imported_before, imported_after) == (False, True)
+    assert chat == theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+
+
+def test_edited_files_load_through_transformers_again(tiny_llama, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    _load_twice(folder)
+    (folder / "chat_template.jinja").write_text("{{ 'edited' }}")
+    edited = load_tokenizer(folder, use_snapshot=True)
+    assert not isinstance(edited, SnapshotTokenizer)
+    assert load_tokenizer(folder, use_snapshot=True).apply_chat_template(MESSAGES, tokenize=False) == "edited"
+
+
+def test_a_damaged_snapshot_loads_through_transformers(tiny_llama, caplog):
+    _load_twice(tiny_llama)
+    (snapshot_dir() / f"{snapshot_key(tiny_llama)}.json").write_text('{"format": 1, "pipeline": "{not json"}')
+    tokenizer = load_tokenizer(tiny_llama, use_snapshot=True)
+    assert not isinstance(tokenizer, SnapshotTokenizer) and "ignoring the saved tokenizer" in caplog.text
+    assert isinstance(load_tokenizer(tiny_llama, use_snapshot=True), SnapshotTokenizer)  # saved again
+
+
+def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
+    """A WordPiece vocabulary whose tokenizer config asks decoding to clean up spaces before punctuation:
+    transformers' decode does more than the pipeline, and no snapshot stands in for it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["[UNK]", "[SEP]", "hello", "world", ",", ".", "!", "?", "it", "'", "s"]
+    pipeline = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    pipeline.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    pipeline.decoder = decoders.WordPiece()
+    pipeline.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "clean_up_tokenization_spaces": True,
+                "unk_token": "[UNK]",
+                "sep_token": "[SEP]",
+            }
+        )
+    )
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    first, second = load_tokenizer(tmp_path, use_snapshot=True), load_tokenizer(tmp_path, use_snapshot=True)
+    assert first.decode(first.encode("hello , world .")) != first.backend_tokenizer.decode(first.encode("hello ,"))
+    assert not isinstance(second, SnapshotTokenizer)
+    assert not snapshot_dir().exists() or not any(snapshot_dir().iterdir())
+
+
+def test_remote_code_is_never_snapshotted(tiny_llama):
+    load_tokenizer(tiny_llama, use_snapshot=True, trust_remote_code=True)
+    assert not snapshot_dir().exists()
+
+
+def test_llm_hands_out_transformers_tokenizer(tiny_llama):
+    """``LLM.get_tokenizer`` gives users transformers' tokenizer (callable, with every method), while the
+    engine runs on the snapshot."""
+    from transformers import PreTrainedTokenizerBase
+
+    from brisk import LLM
+
+    load_tokenizer(tiny_llama, use_snapshot=True)
+    llm = LLM(tiny_llama, device="cpu", max_model_len=64)
+    assert isinstance(llm.engine.tokenizer, SnapshotTokenizer)
+    user_tokenizer = llm.get_tokenizer()
+    assert isinstance(user_tokenizer, PreTrainedTokenizerBase)
+    assert user_tokenizer is transformers_tokenizer(llm.engine.tokenizer)
+    assert user_tokenizer("hello")["input_ids"] == llm.engine.tokenizer.encode("hello")
