@@ -45,36 +45,34 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
     A local folder that holds no tokenizer file (a named shape with random weights) is not handed to
     transformers' ``AutoTokenizer``, which would first import its model-config modules (2 to 10 s of start-up,
     most of that phase on a GPU host) only to fail. With ``use_snapshot`` (the engine's encode and decode), a
-    snapshot of the tokenizer saved by an earlier load stands in for it without importing transformers, and a
-    load through transformers saves one where it can (``tokenizer_snapshot.py``)."""
+    snapshot of the tokenizer stands in for it without importing transformers: one saved by an earlier start, or
+    else one a child process saves now, loading the tokenizer through transformers on another core while this
+    process starts (``tokenizer_snapshot.py``); where none can be saved, the tokenizer loads here."""
     missing = _missing_tokenizer(path)
     if missing is not None:
         if optional:
             logger.warning("no tokenizer files in %s: only token-id prompts will work", path)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
-    use_snapshot = use_snapshot and not trust_remote_code
-    if use_snapshot:
-        from brisk.engine.tokenizer_snapshot import load_snapshot
+    if use_snapshot and not trust_remote_code:
+        from brisk.engine.tokenizer_snapshot import load_snapshot, save_in_child_process
 
         snapshot = load_snapshot(path, lambda: load_tokenizer(path))
+        if snapshot is None and save_in_child_process(path):
+            snapshot = load_snapshot(path, lambda: load_tokenizer(path))
         if snapshot is not None:
             return snapshot
     try:
-        tokenizer = _load_with_transformers(path, trust_remote_code)
+        return load_with_transformers(path, trust_remote_code)
     except Exception as exc:  # the tokenizers library raises a bare Exception for a corrupt tokenizer.json
         if optional:
             logger.warning("no tokenizer in %s (%s): only token-id prompts will work", path, exc)
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {exc}") from exc
-    if use_snapshot:
-        from brisk.engine.tokenizer_snapshot import save_snapshot
-
-        save_snapshot(tokenizer, path)
-    return tokenizer
 
 
-def _load_with_transformers(path, trust_remote_code: bool):
+def load_with_transformers(path, trust_remote_code: bool = False):
+    """transformers' ``AutoTokenizer`` load of ``path`` (its errors as they are)."""
     from transformers import AutoTokenizer
 
     config = None if trust_remote_code else _class_choice_config(path)

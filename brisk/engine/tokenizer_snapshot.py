@@ -7,7 +7,8 @@ whose image ships it without bytecode, and it holds the interpreter lock beside 
 (``backend_tokenizer``), whatever class built it: converted from SentencePiece, rebuilt from the vocabulary and
 merges by a model's class, with the special tokens of ``tokenizer_config.json`` added. That pipeline, serialized
 by the ``tokenizers`` library, is the snapshot, with the few fields the engine reads beside it; loading it takes
-0.1 to 0.2 s.
+0.2 to 0.5 s. Where a folder has none yet, a child process loads the tokenizer through transformers and saves
+it, on another core than the engine's start-up.
 
 A snapshot is saved only where it reproduces the tokenizer: the class is transformers' own and keeps the fast
 base's encode and decode methods (so they run the pipeline and nothing else), and probe texts encode and decode
@@ -21,6 +22,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -29,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# How long a child process may take to load a tokenizer through transformers and save its snapshot.
+CHILD_TIMEOUT_S = 300
+_NOT_SAVED_EXIT = 3  # the child's exit status where the tokenizer loaded but a snapshot would not reproduce it
 
 # Bump when what a snapshot holds changes: older snapshots are then ignored (and replaced).
 SNAPSHOT_FORMAT = 1
@@ -126,6 +133,35 @@ def save_snapshot(tokenizer, path) -> bool:
         logger.warning("could not save the tokenizer of %s for faster starts (%s)", path, exc)
         return False
     return True
+
+
+def save_in_child_process(path) -> bool:
+    """Load ``path``'s tokenizer through transformers in a child process and save its snapshot there; whether
+    one was saved.
+
+    The engine's first start on a folder then imports transformers on another core: on a thread of its own
+    process the import holds the interpreter lock, and the weights, KV-cache and CUDA-graph phases beside it
+    stretched by as much (docs/benchmarks.md, the twenty-ninth and thirty-fourth runs)."""
+    package_root = str(Path(__file__).resolve().parents[2])  # the child imports this brisk, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
+    code = "import sys; from brisk.engine.tokenizer_snapshot import main; sys.exit(main(sys.argv[1]))"
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("could not save the tokenizer of %s in a child process (%s)", path, exc)
+        return False
+    if child.returncode not in (0, _NOT_SAVED_EXIT):
+        logger.warning("saving the tokenizer of %s in a child process failed: %s", path, child.stderr[-2000:])
+    return child.returncode == 0
+
+
+def main(path: str) -> int:
+    """The child process of :func:`save_in_child_process`: 0 where it saved a snapshot."""
+    from brisk.engine.tokenizer import load_with_transformers
+
+    return 0 if save_snapshot(load_with_transformers(path), path) else _NOT_SAVED_EXIT
 
 
 def reproduces(tokenizer) -> bool:

@@ -40,12 +40,12 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("BRISK_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def _load_twice(folder):
-    """The first load (transformers', which saves the snapshot) and the second (the snapshot)."""
-    first, second = load_tokenizer(folder, use_snapshot=True), load_tokenizer(folder, use_snapshot=True)
-    assert not isinstance(first, SnapshotTokenizer)
-    assert isinstance(second, SnapshotTokenizer), "no snapshot was saved"
-    return first, second
+def _load_both(folder):
+    """transformers' tokenizer, loaded here, and the snapshot a child process saves (a first engine start)."""
+    theirs, ours = load_tokenizer(folder), load_tokenizer(folder, use_snapshot=True)
+    assert not isinstance(theirs, SnapshotTokenizer)
+    assert isinstance(ours, SnapshotTokenizer), "no snapshot was saved"
+    return theirs, ours
 
 
 def assert_same_tokenizer(theirs, ours, sample_ids: int | None = None) -> None:
@@ -77,7 +77,7 @@ def assert_same_tokenizer(theirs, ours, sample_ids: int | None = None) -> None:
 
 @pytest.mark.parametrize("case", TOKENIZER_CLASS_CASES)
 def test_snapshot_encodes_and_decodes_as_transformers(case, tiny_model_factory, tmp_path):
-    theirs, ours = _load_twice(tokenizer_folder(tiny_model_factory, tmp_path, *TOKENIZER_CLASS_CASES[case]))
+    theirs, ours = _load_both(tokenizer_folder(tiny_model_factory, tmp_path, *TOKENIZER_CLASS_CASES[case]))
     assert_same_tokenizer(theirs, ours)
     assert ours.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == (
         theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
@@ -102,57 +102,61 @@ def _real_tokenizer_folder(known, tmp_path: Path, tokenizer_class: str | None) -
 @skip_without_smollm2
 @pytest.mark.parametrize("tokenizer_class", [None, "GPT2Tokenizer"])
 def test_smollm2_snapshot(tokenizer_class, tmp_path):
-    theirs, ours = _load_twice(_real_tokenizer_folder(SMOLLM2, tmp_path, tokenizer_class))
+    theirs, ours = _load_both(_real_tokenizer_folder(SMOLLM2, tmp_path, tokenizer_class))
     assert_same_tokenizer(theirs, ours)
 
 
 @skip_without_qwen
 @pytest.mark.parametrize("tokenizer_class", [None, "Qwen2Tokenizer"])
 def test_qwen_snapshot(tokenizer_class, tmp_path):
-    theirs, ours = _load_twice(_real_tokenizer_folder(QWEN, tmp_path, tokenizer_class))
+    theirs, ours = _load_both(_real_tokenizer_folder(QWEN, tmp_path, tokenizer_class))
     assert_same_tokenizer(theirs, ours, sample_ids=20_000)
 
 
-def test_the_snapshot_loads_without_transformers(tiny_llama, tmp_path):
-    """In a fresh process the snapshot encodes and decodes with transformers unimported; a chat template, which
-    only transformers renders, imports it then and renders as transformers' own tokenizer does."""
-    theirs = load_tokenizer(tiny_llama, use_snapshot=True)  # saves the snapshot
+def test_transformers_is_imported_by_a_child_process_only(tiny_llama):
+    """A fresh process encodes and decodes with transformers unimported, at its first start on a folder (a child
+    process loads the tokenizer through transformers and saves the snapshot) and at the next (the snapshot); a
+    chat template, which only transformers renders, imports it then and renders as transformers' own does."""
+    theirs = load_tokenizer(tiny_llama)
     probe = (
         "import sys, json\n"
-        "from brisk.engine.tokenizer import load_tokenizer\n"
-        "tok = load_tokenizer(sys.argv[1], use_snapshot=True)\n"
+        "from brisk.engine.tokenizer import load_tokenizer_in_background\n"
+        "tok = load_tokenizer_in_background(sys.argv[1], use_snapshot=True).result()\n"
         "ids = tok.encode(sys.argv[2])\n"
         "before = 'transformers' in sys.modules\n"
         "chat = tok.apply_chat_template(json.loads(sys.argv[3]), tokenize=False, add_generation_prompt=True)\n"
         "print(json.dumps([type(tok).__name__, ids, tok.decode(ids), before, 'transformers' in sys.modules, chat]))\n"
     )
     text = TEXTS[0]
-    run = subprocess.run(
-        [sys.executable, "-c", probe, tiny_llama, text, json.dumps(MESSAGES)], capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr
-    name, ids, decoded, imported_before, imported_after, chat = json.loads(run.stdout)
-    assert (name, ids, decoded) == ("SnapshotTokenizer", theirs.encode(text), theirs.decode(theirs.encode(text)))
-    assert (imported_before, imported_after) == (False, True)
-    assert chat == theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    for start in ("first", "next"):
+        run = subprocess.run(
+            [sys.executable, "-c", probe, tiny_llama, text, json.dumps(MESSAGES)], capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        name, ids, decoded, imported_before, imported_after, chat = json.loads(run.stdout)
+        assert (name, ids, decoded) == ("SnapshotTokenizer", theirs.encode(text), theirs.decode(ids)), start
+        assert (imported_before, imported_after) == (False, True), start
+        assert chat == theirs.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
 
 
-def test_edited_files_load_through_transformers_again(tiny_llama, tmp_path):
+def test_edited_files_get_their_own_snapshot(tiny_llama, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(tiny_llama, folder)
-    _load_twice(folder)
+    _load_both(folder)
     (folder / "chat_template.jinja").write_text("{{ 'edited' }}")
     edited = load_tokenizer(folder, use_snapshot=True)
-    assert not isinstance(edited, SnapshotTokenizer)
-    assert load_tokenizer(folder, use_snapshot=True).apply_chat_template(MESSAGES, tokenize=False) == "edited"
+    assert isinstance(edited, SnapshotTokenizer) and edited.chat_template == "{{ 'edited' }}"
+    assert edited.apply_chat_template(MESSAGES, tokenize=False) == "edited"
+    assert len(list(snapshot_dir().iterdir())) == 2
 
 
-def test_a_damaged_snapshot_loads_through_transformers(tiny_llama, caplog):
-    _load_twice(tiny_llama)
-    (snapshot_dir() / f"{snapshot_key(tiny_llama)}.json").write_text('{"format": 1, "pipeline": "{not json"}')
+def test_a_damaged_snapshot_is_saved_again(tiny_llama, caplog):
+    _load_both(tiny_llama)
+    damaged = snapshot_dir() / f"{snapshot_key(tiny_llama)}.json"
+    damaged.write_text('{"format": 1, "pipeline": "{not json"}')
     tokenizer = load_tokenizer(tiny_llama, use_snapshot=True)
-    assert not isinstance(tokenizer, SnapshotTokenizer) and "ignoring the saved tokenizer" in caplog.text
-    assert isinstance(load_tokenizer(tiny_llama, use_snapshot=True), SnapshotTokenizer)  # saved again
+    assert "ignoring the saved tokenizer" in caplog.text
+    assert isinstance(tokenizer, SnapshotTokenizer) and "{not json" not in damaged.read_text()
 
 
 def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
@@ -163,7 +167,7 @@ def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
     words = ["[UNK]", "[SEP]", "hello", "world", ",", ".", "!", "?", "it", "'", "s"]
     pipeline = Tokenizer(models.WordPiece({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     pipeline.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    pipeline.decoder = decoders.WordPiece()
+    pipeline.decoder = decoders.WordPiece(cleanup=False)  # spaces before punctuation kept: the config removes them
     pipeline.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps(
@@ -176,9 +180,10 @@ def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
         )
     )
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    first, second = load_tokenizer(tmp_path, use_snapshot=True), load_tokenizer(tmp_path, use_snapshot=True)
-    assert first.decode(first.encode("hello , world .")) != first.backend_tokenizer.decode(first.encode("hello ,"))
-    assert not isinstance(second, SnapshotTokenizer)
+    tokenizer = load_tokenizer(tmp_path, use_snapshot=True)  # a child process tries, then this one loads it
+    ids = tokenizer.encode("hello , world .")
+    assert (tokenizer.decode(ids), tokenizer.backend_tokenizer.decode(ids)) == ("hello, world.", "hello , world .")
+    assert not isinstance(tokenizer, SnapshotTokenizer)
     assert not snapshot_dir().exists() or not any(snapshot_dir().iterdir())
 
 
@@ -194,7 +199,6 @@ def test_llm_hands_out_transformers_tokenizer(tiny_llama):
 
     from brisk import LLM
 
-    load_tokenizer(tiny_llama, use_snapshot=True)
     llm = LLM(tiny_llama, device="cpu", max_model_len=64)
     assert isinstance(llm.engine.tokenizer, SnapshotTokenizer)
     user_tokenizer = llm.get_tokenizer()
