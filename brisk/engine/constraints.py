@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from brisk.engine.request import Request
-from brisk.engine.tokenizer_snapshot import transformers_tokenizer
+from brisk.engine.tokenizer_snapshot import xgrammar_tokenizer_info
 from brisk.sampling_params import SamplingParams
 from brisk.structured_outputs.compiler import GrammarCompiler
 from brisk.structured_outputs.state import GrammarState
@@ -57,9 +57,9 @@ class RequestConstraints:
         if params.structured_outputs is None:
             return False
         if self._compiler is None:
-            tokenizer = self.tokenizer
+            tokenizer, vocab_size, stop_ids = self.tokenizer, self.vocab_size, sorted(self.eos_token_ids)
             self._compiler = GrammarCompiler(
-                lambda: transformers_tokenizer(tokenizer), self.vocab_size, sorted(self.eos_token_ids)
+                lambda: xgrammar_tokenizer_info(tokenizer, vocab_size, stop_ids), self.vocab_size
             )
         self._pending.append((self._compiler.submit(params.structured_outputs), requests))
         return True

@@ -55,11 +55,9 @@ def load_tokenizer(path, optional: bool = False, trust_remote_code: bool = False
             return None
         raise ValueError(f"Cannot load a tokenizer from {path}: {missing}")
     if use_snapshot and not trust_remote_code:
-        from brisk.engine.tokenizer_snapshot import load_snapshot, save_in_child_process
+        from brisk.engine.tokenizer_snapshot import snapshot_tokenizer
 
-        snapshot = load_snapshot(path, lambda: load_tokenizer(path))
-        if snapshot is None and save_in_child_process(path):
-            snapshot = load_snapshot(path, lambda: load_tokenizer(path))
+        snapshot = snapshot_tokenizer(path, lambda: load_tokenizer(path))
         if snapshot is not None:
             return snapshot
     try:

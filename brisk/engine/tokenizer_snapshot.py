@@ -8,7 +8,8 @@ whose image ships it without bytecode, and it holds the interpreter lock beside 
 merges by a model's class, with the special tokens of ``tokenizer_config.json`` added. That pipeline, serialized
 by the ``tokenizers`` library, is the snapshot, with the few fields the engine reads beside it; loading it takes
 0.2 to 0.5 s. Where a folder has none yet, a child process loads the tokenizer through transformers and saves
-it, on another core than the engine's start-up.
+it, on another core than the engine's start-up. What xgrammar detects of the vocabulary is saved with it, so
+that structured outputs need no transformers tokenizer either.
 
 A snapshot is saved only where it reproduces the tokenizer: the class is transformers' own and keeps the fast
 base's encode and decode methods (so they run the pipeline and nothing else), and probe texts encode and decode
@@ -18,6 +19,7 @@ of transformers and tokenizers, so an edited chat template or an upgrade loads t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -35,10 +37,10 @@ logger = logging.getLogger(__name__)
 
 # How long a child process may take to load a tokenizer through transformers and save its snapshot.
 CHILD_TIMEOUT_S = 300
-_NOT_SAVED_EXIT = 3  # the child's exit status where the tokenizer loaded but a snapshot would not reproduce it
+_UNWRITABLE_EXIT = 3  # the child's exit status where the snapshot could not be written
 
 # Bump when what a snapshot holds changes: older snapshots are then ignored (and replaced).
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 # The folder's files that can change what transformers builds (the class is chosen from the two configs).
 KEY_FILES = (
@@ -54,6 +56,7 @@ KEY_FILES = (
     "merges.txt",
     "tiktoken.model",
 )
+KEY_FOLDERS = ("additional_chat_templates",)  # every file in them (named templates)
 
 # transformers' fast-tokenizer methods whose results a snapshot reproduces by running the pipeline; a class that
 # overrides any of them may do more, and is not snapshotted.
@@ -93,46 +96,110 @@ def snapshot_key(path) -> str | None:
     digest = hashlib.sha256(
         f"{SNAPSHOT_FORMAT} transformers {version('transformers')} tokenizers {version('tokenizers')}".encode()
     )
-    for name in KEY_FILES:
-        file = folder / name
+    files = [folder / name for name in KEY_FILES]
+    files += [file for name in KEY_FOLDERS if (folder / name).is_dir() for file in sorted((folder / name).iterdir())]
+    for file in files:
         if file.is_file():
+            name = file.relative_to(folder).as_posix()
             digest.update(f"\0{name}\0{file.stat().st_size}\0".encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()
 
 
 def save_snapshot(tokenizer, path) -> bool:
-    """Save ``tokenizer`` (transformers' load of ``path``) as a snapshot where it reproduces it; whether it did.
-    A failure to write is logged, never raised: the next start loads through transformers again."""
+    """Save the snapshot of ``tokenizer`` (transformers' load of ``path``); False where it cannot be written.
+
+    A tokenizer the pipeline would not reproduce is saved as a refusal, so that later starts load it through
+    transformers at once instead of trying again. Written whole or not at all (a temporary file renamed), readable
+    by everyone the cache's folder lets in."""
     key = snapshot_key(path)
-    if key is None or not reproduces(tokenizer):
-        return False
-    fields = {
-        "format": SNAPSHOT_FORMAT,
-        "class": type(tokenizer).__name__,
-        "pipeline": tokenizer.backend_tokenizer.to_str(),
-        "split_special_tokens": bool(tokenizer.split_special_tokens),
-        "length": len(tokenizer),
-        "vocab_size": tokenizer.vocab_size,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "unk_token_id": tokenizer.unk_token_id,
-        "all_special_ids": list(tokenizer.all_special_ids),
-        "all_special_tokens": list(tokenizer.all_special_tokens),
-        "chat_template": tokenizer.chat_template,
-        "model_max_length": tokenizer.model_max_length,
-    }
+    if key is None:
+        return True
+    fields: dict[str, Any] = {"format": SNAPSHOT_FORMAT, "reproduces": reproduces(tokenizer)}
+    if fields["reproduces"]:
+        fields |= {
+            "class": type(tokenizer).__name__,
+            "pipeline": tokenizer.backend_tokenizer.to_str(),
+            "split_special_tokens": bool(tokenizer.split_special_tokens),
+            "length": len(tokenizer),
+            "vocab_size": tokenizer.vocab_size,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            "unk_token_id": tokenizer.unk_token_id,
+            "all_special_ids": list(tokenizer.all_special_ids),
+            "all_special_tokens": list(tokenizer.all_special_tokens),
+            "chat_template": tokenizer.chat_template,
+            "model_max_length": tokenizer.model_max_length,
+            "xgrammar_metadata": _xgrammar_metadata(tokenizer),
+        }
     folder = snapshot_dir()
+    temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False, encoding="utf-8") as out:
+            temporary = out.name
             json.dump(fields, out)
-        os.replace(out.name, folder / f"{key}.json")  # whole or not at all, for processes starting meanwhile
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as an open() would have made it
+        os.replace(temporary, folder / f"{key}.json")
     except (OSError, TypeError, ValueError) as exc:
-        logger.warning("could not save the tokenizer of %s for faster starts (%s)", path, exc)
+        logger.warning("could not save the tokenizer of %s in %s for faster starts (%s)", path, folder, exc)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
         return False
     return True
+
+
+def _xgrammar_metadata(tokenizer) -> dict[str, Any] | None:
+    """What xgrammar detects of ``tokenizer``'s vocabulary (its kind and whether it adds a prefix space), which
+    it otherwise reads from transformers' tokenizer; None without xgrammar."""
+    try:
+        import xgrammar as xgr
+    except ImportError:
+        return None
+    try:
+        metadata = json.loads(xgr.TokenizerInfo.from_huggingface(tokenizer).dump_metadata())
+    except Exception as exc:  # xgrammar's own error types: grammars then read transformers' tokenizer
+        logger.warning("xgrammar could not read the vocabulary of %s (%s)", tokenizer.name_or_path, exc)
+        return None
+    return {name: metadata[name] for name in ("vocab_type", "add_prefix_space")}
+
+
+def snapshot_tokenizer(path, load_transformers_tokenizer: Callable[[], Any]) -> SnapshotTokenizer | None:
+    """``path``'s tokenizer from its snapshot, saved first by a child process where there is none (or it is
+    damaged); None where it must load through transformers (no ``tokenizer.json``, a tokenizer the snapshot would
+    not reproduce, a snapshot that cannot be saved, or any failure on the way: that load reports real errors)."""
+    try:
+        key = snapshot_key(path)
+        if key is None:
+            return None
+        tokenizer, refused = _from_snapshot(key, path, load_transformers_tokenizer)
+        if tokenizer is None and not refused and save_in_child_process(path):
+            tokenizer, _ = _from_snapshot(key, path, load_transformers_tokenizer)
+        return tokenizer
+    except Exception as exc:  # never worse than loading through transformers
+        logger.warning("could not use a saved tokenizer for %s (%s)", path, exc)
+        return None
+
+
+def _from_snapshot(key: str, path, load_transformers_tokenizer) -> tuple[SnapshotTokenizer | None, bool]:
+    """The snapshot's tokenizer, and whether the snapshot is a refusal; (None, False) where there is none, or
+    one of another format, or a damaged one (with a warning)."""
+    try:
+        fields = json.loads((snapshot_dir() / f"{key}.json").read_text(encoding="utf-8"))
+        if not isinstance(fields, dict) or fields.get("format") != SNAPSHOT_FORMAT:
+            return None, False
+        if not fields.get("reproduces"):
+            return None, True
+        return SnapshotTokenizer(path, fields, load_transformers_tokenizer), False
+    except FileNotFoundError:
+        return None, False
+    except Exception as exc:  # the tokenizers library raises a bare Exception on a bad pipeline
+        logger.warning("ignoring the saved tokenizer of %s (%s)", path, exc)
+        return None, False
 
 
 def save_in_child_process(path) -> bool:
@@ -141,27 +208,35 @@ def save_in_child_process(path) -> bool:
 
     The engine's first start on a folder then imports transformers on another core: on a thread of its own
     process the import holds the interpreter lock, and the weights, KV-cache and CUDA-graph phases beside it
-    stretched by as much (docs/benchmarks.md, the twenty-ninth and thirty-fourth runs)."""
+    stretched by as much (benchmarks/results/HISTORY.md, twenty-ninth run; docs/benchmarks.md, thirty-fourth)."""
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this brisk, installed or not
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
     code = "import sys; from brisk.engine.tokenizer_snapshot import main; sys.exit(main(sys.argv[1]))"
     try:
         child = subprocess.run(
-            [sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+            [sys.executable, "-c", code, str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=CHILD_TIMEOUT_S,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         logger.warning("could not save the tokenizer of %s in a child process (%s)", path, exc)
         return False
-    if child.returncode not in (0, _NOT_SAVED_EXIT):
-        logger.warning("saving the tokenizer of %s in a child process failed: %s", path, child.stderr[-2000:])
+    if child.returncode == _UNWRITABLE_EXIT:
+        logger.warning("%s", child.stderr.strip()[-2000:])
+    elif child.returncode != 0:  # a tokenizer that fails to load: the load in this process says why
+        logger.debug("the child process saving the tokenizer of %s failed: %s", path, child.stderr[-2000:])
     return child.returncode == 0
 
 
 def main(path: str) -> int:
-    """The child process of :func:`save_in_child_process`: 0 where it saved a snapshot."""
+    """The child process of :func:`save_in_child_process`: 0 where it saved a snapshot (or a refusal)."""
     from brisk.engine.tokenizer import load_with_transformers
 
-    return 0 if save_snapshot(load_with_transformers(path), path) else _NOT_SAVED_EXIT
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    return 0 if save_snapshot(load_with_transformers(path), path) else _UNWRITABLE_EXIT
 
 
 def reproduces(tokenizer) -> bool:
@@ -174,7 +249,12 @@ def reproduces(tokenizer) -> bool:
         return False  # remote code, or a class outside the fast base
     if any(getattr(cls, name) is not getattr(PreTrainedTokenizerFast, name) for name in REPRODUCED_METHODS):
         return False
-    pipeline = tokenizer.backend_tokenizer
+    from tokenizers import Tokenizer
+
+    pipeline = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # as a snapshot will load it
+    pipeline.no_truncation()
+    pipeline.no_padding()
+    pipeline.encode_special_tokens = bool(tokenizer.split_special_tokens)
     for text in PROBE_TEXTS:
         for special in (True, False):
             ids = tokenizer.encode(text, add_special_tokens=special)
@@ -186,29 +266,13 @@ def reproduces(tokenizer) -> bool:
     return True
 
 
-def load_snapshot(path, load_transformers_tokenizer: Callable[[], Any]) -> SnapshotTokenizer | None:
-    """The snapshot of ``path``'s tokenizer, or None where there is none (or it cannot be read)."""
-    key = snapshot_key(path)
-    if key is None:
-        return None
-    try:
-        fields = json.loads((snapshot_dir() / f"{key}.json").read_text(encoding="utf-8"))
-        if fields.get("format") != SNAPSHOT_FORMAT:
-            return None
-        return SnapshotTokenizer(path, fields, load_transformers_tokenizer)
-    except FileNotFoundError:
-        return None
-    except Exception as exc:  # a damaged file: the tokenizers library raises a bare Exception on a bad pipeline
-        logger.warning("ignoring the saved tokenizer of %s (%s)", path, exc)
-        return None
-
-
 class SnapshotTokenizer:
     """The tokenizer transformers loads from a folder, with encode and decode run by its saved pipeline.
 
     Encoding, decoding, the vocabulary and the special-token ids need no transformers. Everything else (chat
     templates, grammars' vocabulary tables, calls with arguments the pipeline does not take) is answered by the
-    transformers tokenizer itself, loaded on first use: attribute lookups this class does not answer go to it."""
+    transformers tokenizer itself, loaded on first use: attribute lookups this class does not answer go to it
+    (``hasattr`` of a name neither has loads it too). Tokens added to that tokenizer do not reach the snapshot."""
 
     is_fast = True
     clean_up_tokenization_spaces = False  # a snapshot is saved only where decoding cleans nothing up
@@ -231,6 +295,7 @@ class SnapshotTokenizer:
         self.all_special_tokens: list[str] = fields["all_special_tokens"]
         self.chat_template = fields["chat_template"]
         self.model_max_length = fields["model_max_length"]
+        self.xgrammar_metadata: dict[str, Any] | None = fields["xgrammar_metadata"]
         self._length: int = fields["length"]
         self._load_transformers_tokenizer = load_transformers_tokenizer
         self._transformers_tokenizer = None
@@ -252,9 +317,12 @@ class SnapshotTokenizer:
     def __len__(self) -> int:
         return self._length
 
-    def encode(self, text, add_special_tokens: bool = True, **kwargs) -> list[int]:
-        if kwargs or not isinstance(text, str):
-            return self.transformers_tokenizer.encode(text, add_special_tokens=add_special_tokens, **kwargs)
+    def __call__(self, *args, **kwargs):
+        return self.transformers_tokenizer(*args, **kwargs)
+
+    def encode(self, text, text_pair=None, add_special_tokens: bool = True, **kwargs) -> list[int]:
+        if text_pair is not None or kwargs or not isinstance(text, str):
+            return self.transformers_tokenizer.encode(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)
         return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids, skip_special_tokens: bool = False, **kwargs) -> str:
@@ -281,3 +349,22 @@ def transformers_tokenizer(tokenizer):
     """``tokenizer`` as transformers loads it: a snapshot's own, others as they are (for libraries that take only
     transformers' classes, such as xgrammar's vocabulary reader)."""
     return tokenizer.transformers_tokenizer if isinstance(tokenizer, SnapshotTokenizer) else tokenizer
+
+
+def xgrammar_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    """xgrammar's ``TokenizerInfo`` of ``tokenizer``'s vocabulary, padded or cut to ``vocab_size`` entries (the
+    model's): for a snapshot, from its vocabulary and what xgrammar detected on transformers' tokenizer when it
+    was saved, so that a first structured request does not import transformers' tokenizer classes beside the
+    running steps; else xgrammar's own reading of transformers' tokenizer."""
+    import xgrammar as xgr
+
+    if isinstance(tokenizer, SnapshotTokenizer) and tokenizer.xgrammar_metadata is not None:
+        vocabulary = [""] * vocab_size  # as xgrammar lays out a transformers vocabulary
+        for token, index in tokenizer.get_vocab().items():
+            if index < vocab_size:
+                vocabulary[index] = token
+        metadata = {**tokenizer.xgrammar_metadata, "vocab_size": vocab_size, "stop_token_ids": stop_token_ids}
+        return xgr.TokenizerInfo.from_vocab_and_metadata(vocabulary, json.dumps(metadata))
+    return xgr.TokenizerInfo.from_huggingface(
+        transformers_tokenizer(tokenizer), vocab_size=vocab_size, stop_token_ids=stop_token_ids
+    )

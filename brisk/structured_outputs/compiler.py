@@ -27,14 +27,11 @@ def json_whitespace(params: StructuredOutputsParams) -> dict:
 
 
 class GrammarCompiler:
-    def __init__(
-        self, load_tokenizer: Callable[[], Any], vocab_size: int, stop_token_ids: list[int], max_workers: int = 2
-    ):
-        """``load_tokenizer`` returns the transformers tokenizer whose vocabulary grammars are compiled against;
-        it is called once, in the pool (it may import transformers)."""
-        self._load_tokenizer = load_tokenizer
+    def __init__(self, load_tokenizer_info: Callable[[], Any], vocab_size: int, max_workers: int = 2):
+        """``load_tokenizer_info`` returns xgrammar's ``TokenizerInfo`` of the vocabulary grammars are compiled
+        against (``vocab_size`` entries); it is called once, in the pool."""
+        self._load_tokenizer_info = load_tokenizer_info
         self._vocab_size = vocab_size
-        self._stop_token_ids = stop_token_ids
         self._compiler: Any = None
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="brisk-grammar")
@@ -61,10 +58,7 @@ class GrammarCompiler:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self._load_tokenizer(), vocab_size=self._vocab_size, stop_token_ids=self._stop_token_ids
-                )
-                self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+                self._compiler = xgr.GrammarCompiler(self._load_tokenizer_info(), max_threads=2, cache_enabled=False)
             return self._compiler
 
     def _compile(self, params: StructuredOutputsParams) -> Any:

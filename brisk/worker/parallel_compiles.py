@@ -2,7 +2,7 @@
 
 Triton compiles a kernel the first time it is launched with a new specialization, on the launching thread, one
 compile after another: on a fresh Triton cache an 8B model's start compiled 30 kernels in 16.7 s that way, and
-in 4.5 s on 16 threads (H100; docs/benchmarks.md, thirtieth run). ``DeferredCompiles`` records, instead of
+in 4.5 s on 16 threads (H100; benchmarks/results/HISTORY.md, thirtieth run). ``DeferredCompiles`` records, instead of
 compiling and launching, every launch of an uncompiled kernel in a forward pass per shape (Triton's
 ``jit_cache_hook`` returning True), then compiles the records on a pool of threads through Triton's
 ``AsyncCompileMode``: the code generator holds the interpreter lock, while LLVM and ``ptxas`` (a process) run

@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 from brisk.engine.tokenizer import load_tokenizer
-from brisk.engine.tokenizer_snapshot import SnapshotTokenizer, snapshot_dir, snapshot_key, transformers_tokenizer
+from brisk.engine.tokenizer_snapshot import (
+    SNAPSHOT_FORMAT,
+    SnapshotTokenizer,
+    reproduces,
+    snapshot_dir,
+    snapshot_key,
+    transformers_tokenizer,
+    xgrammar_tokenizer_info,
+)
 from brisk.loader.gguf import GGUFFile
 from brisk.loader.gguf_tokenizer import save_tokenizer
 from brisk.loader.resolve import locate_known
@@ -73,6 +81,11 @@ def assert_same_tokenizer(theirs, ours, sample_ids: int | None = None) -> None:
     assert [getattr(ours, f) for f in fields] == [getattr(theirs, f) for f in fields]
     assert (len(ours), ours.get_vocab(), ours.chat_template) == (len(theirs), theirs.get_vocab(), theirs.chat_template)
     assert ours.num_special_tokens_to_add() == theirs.num_special_tokens_to_add()
+    stop_ids = [theirs.eos_token_id] if theirs.eos_token_id is not None else [0]
+    for vocab_size in (len(theirs), len(theirs) + 64):  # the model's embedding rows may pad the vocabulary
+        assert xgrammar_tokenizer_info(ours, vocab_size, stop_ids).serialize_json() == (
+            xgrammar_tokenizer_info(theirs, vocab_size, stop_ids).serialize_json()
+        )
 
 
 @pytest.mark.parametrize("case", TOKENIZER_CLASS_CASES)
@@ -153,7 +166,7 @@ def test_edited_files_get_their_own_snapshot(tiny_llama, tmp_path):
 def test_a_damaged_snapshot_is_saved_again(tiny_llama, caplog):
     _load_both(tiny_llama)
     damaged = snapshot_dir() / f"{snapshot_key(tiny_llama)}.json"
-    damaged.write_text('{"format": 1, "pipeline": "{not json"}')
+    damaged.write_text(json.dumps({"format": SNAPSHOT_FORMAT, "reproduces": True, "pipeline": "{not json"}))
     tokenizer = load_tokenizer(tiny_llama, use_snapshot=True)
     assert "ignoring the saved tokenizer" in caplog.text
     assert isinstance(tokenizer, SnapshotTokenizer) and "{not json" not in damaged.read_text()
@@ -180,11 +193,13 @@ def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
         )
     )
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    tokenizer = load_tokenizer(tmp_path, use_snapshot=True)  # a child process tries, then this one loads it
+    tokenizer = load_tokenizer(tmp_path, use_snapshot=True)  # a child process refuses, then this one loads it
     ids = tokenizer.encode("hello , world .")
     assert (tokenizer.decode(ids), tokenizer.backend_tokenizer.decode(ids)) == ("hello, world.", "hello , world .")
-    assert not isinstance(tokenizer, SnapshotTokenizer)
-    assert not snapshot_dir().exists() or not any(snapshot_dir().iterdir())
+    assert not isinstance(tokenizer, SnapshotTokenizer) and not reproduces(tokenizer)
+    refusal = json.loads((snapshot_dir() / f"{snapshot_key(tmp_path)}.json").read_text())
+    assert refusal == {"format": SNAPSHOT_FORMAT, "reproduces": False}  # later starts load it here at once
+    assert _child_processes_of_a_load(tmp_path) == 0
 
 
 def test_remote_code_is_never_snapshotted(tiny_llama):
@@ -205,3 +220,71 @@ def test_llm_hands_out_transformers_tokenizer(tiny_llama):
     assert isinstance(user_tokenizer, PreTrainedTokenizerBase)
     assert user_tokenizer is transformers_tokenizer(llm.engine.tokenizer)
     assert user_tokenizer("hello")["input_ids"] == llm.engine.tokenizer.encode("hello")
+
+
+def _child_processes_of_a_load(folder) -> int:
+    """How many processes a fresh interpreter starts to load ``folder``'s tokenizer as the engine does (counted
+    by Python's audit hook on ``subprocess.Popen``)."""
+    probe = (
+        "import sys\n"
+        "started = []\n"
+        "sys.addaudithook(lambda event, args: event == 'subprocess.Popen' and started.append(args))\n"
+        "from brisk.engine.tokenizer import load_tokenizer\n"
+        "assert load_tokenizer(sys.argv[1], use_snapshot=True).encode('hello')\n"
+        "print(len(started))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout.strip().splitlines()[-1])
+
+
+def test_no_child_process_without_a_tokenizer_json(tiny_llama, tmp_path):
+    """A tokenizer in vocabulary and merges files has no pipeline file to key a snapshot by: it loads through
+    transformers, with no child process tried."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    load_tokenizer(folder).backend_tokenizer.model.save(str(folder))  # vocab.json and merges.txt
+    (folder / "tokenizer.json").unlink()
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}))
+    assert _child_processes_of_a_load(folder) == 0
+    assert not snapshot_dir().exists()
+
+
+def test_a_cache_that_cannot_be_written_is_reported(tiny_llama, tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("BRISK_CACHE_DIR", str(blocker / "cache"))
+    tokenizer = load_tokenizer(tiny_llama, use_snapshot=True)
+    assert not isinstance(tokenizer, SnapshotTokenizer) and tokenizer.encode("hello")
+    assert "could not save the tokenizer" in caplog.text
+
+
+def test_snapshots_are_readable_as_the_umask_allows(tiny_llama):
+    import os
+    import stat
+
+    load_tokenizer(tiny_llama, use_snapshot=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    (saved,) = snapshot_dir().iterdir()
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o666 & ~umask
+
+
+def test_grammars_need_no_transformers_tokenizer(tiny_llama):
+    """An engine on a snapshot compiles and follows a JSON schema without loading transformers' tokenizer
+    classes (the import would hold the interpreter lock beside running steps)."""
+    probe = (
+        "import sys, json\n"
+        "from brisk import LLM, SamplingParams\n"
+        "llm = LLM(sys.argv[1], device='cpu', max_model_len=128)\n"
+        "schema = {'type': 'object', 'properties': {'a': {'type': 'integer'}}, 'required': ['a']}\n"
+        "params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, "
+        "structured_outputs={'json': schema, 'disable_any_whitespace': True})\n"
+        "text = llm.generate(['hi'], params, use_tqdm=False)[0].outputs[0].text\n"
+        "print(json.dumps([text, 'transformers.models.auto.tokenization_auto' in sys.modules]))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe, tiny_llama], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    text, imported = json.loads(run.stdout.strip().splitlines()[-1])
+    assert isinstance(json.loads(text)["a"], int) and not imported
