@@ -51,6 +51,7 @@ from typing import Any
 from brisk.engine import core_process
 from brisk.engine.request_stream import ACCEPTED, RequestStream, RequestTimeoutError
 from brisk.engine.tokenizer import load_tokenizer, load_tokenizer_in_background
+from brisk.engine.tokenizer_snapshot import SnapshotTokenizer
 from brisk.outputs import RequestOutput
 from brisk.sampling_params import RequestOutputKind, SamplingParams
 
@@ -669,9 +670,10 @@ class _TokenizerPreload:
     """Loads, in a thread and while the engine process starts, the tokenizer the engine will most likely
     report (``--tokenizer``, or the model when it is an HF folder); :meth:`get` returns the one it reports.
 
-    The HTTP side needs its own copy of the engine's tokenizer (tokenizing, chat templates); importing
-    transformers' tokenizer classes and the first load take seconds on a small machine, so they overlap with
-    the child's startup instead of following it."""
+    The HTTP side needs its own copy of the engine's tokenizer (tokenizing, chat templates). It is the engine's
+    snapshot where there is one (``tokenizer_snapshot.py``), whose chat-template renderer is built here too, so
+    that neither waits for transformers' tokenizer classes; either way the load overlaps with the child's
+    startup instead of following it."""
 
     def __init__(self, engine_args: Any):
         self._guess = _guess_tokenizer_path(engine_args)
@@ -679,7 +681,10 @@ class _TokenizerPreload:
         self._loading: Future | None = None
         if self._guess is not None:
             with contextlib.suppress(ValueError):  # no tokenizer there: get() reports it, if the engine agrees
-                self._loading = load_tokenizer_in_background(self._guess, trust_remote_code=self._trust_remote_code)
+                self._loading = load_tokenizer_in_background(
+                    self._guess, trust_remote_code=self._trust_remote_code, use_snapshot=True
+                )
+                self._loading.add_done_callback(_prepare_chat_templates)
 
     def get(self, path: str | None) -> Any:
         if path is None:
@@ -687,7 +692,17 @@ class _TokenizerPreload:
         if path == self._guess and self._loading is not None:
             with contextlib.suppress(Exception):  # loaded again below, for the error to name what went wrong
                 return self._loading.result()
-        return load_tokenizer(path, trust_remote_code=self._trust_remote_code)
+        return load_tokenizer(path, trust_remote_code=self._trust_remote_code, use_snapshot=True)
+
+
+def _prepare_chat_templates(loading: Future) -> None:
+    """Build a snapshot's chat-template renderer on the loading thread, before the first chat request."""
+    tokenizer = None if loading.exception() is not None else loading.result()
+    if isinstance(tokenizer, SnapshotTokenizer) and tokenizer.chat_template is not None:
+        try:
+            tokenizer.chat_renderer()
+        except Exception as exc:  # the first chat request tries again, and reports what fails
+            logger.warning("could not prepare the chat template of %s (%s)", tokenizer.name_or_path, exc)
 
 
 def _guess_tokenizer_path(engine_args: Any) -> str | None:

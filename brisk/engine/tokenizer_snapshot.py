@@ -40,7 +40,7 @@ CHILD_TIMEOUT_S = 300
 _UNWRITABLE_EXIT = 3  # the child's exit status where the snapshot could not be written
 
 # Bump when what a snapshot holds changes: older snapshots are then ignored (and replaced).
-SNAPSHOT_FORMAT = 2
+SNAPSHOT_FORMAT = 3
 
 # The folder's files that can change what transformers builds (the class is chosen from the two configs).
 KEY_FILES = (
@@ -130,6 +130,7 @@ def save_snapshot(tokenizer, path) -> bool:
             "all_special_ids": list(tokenizer.all_special_ids),
             "all_special_tokens": list(tokenizer.all_special_tokens),
             "chat_template": tokenizer.chat_template,
+            "special_tokens_map": tokenizer.special_tokens_map,
             "model_max_length": tokenizer.model_max_length,
             "xgrammar_metadata": _xgrammar_metadata(tokenizer),
         }
@@ -269,10 +270,13 @@ def reproduces(tokenizer) -> bool:
 class SnapshotTokenizer:
     """The tokenizer transformers loads from a folder, with encode and decode run by its saved pipeline.
 
-    Encoding, decoding, the vocabulary and the special-token ids need no transformers. Everything else (chat
-    templates, grammars' vocabulary tables, calls with arguments the pipeline does not take) is answered by the
-    transformers tokenizer itself, loaded on first use: attribute lookups this class does not answer go to it
-    (``hasattr`` of a name neither has loads it too). Tokens added to that tokenizer do not reach the snapshot."""
+    Encoding, decoding, the vocabulary and the special-token ids need no transformers; chat templates render as
+    text through transformers' own ``apply_chat_template`` on its generic fast class holding the same pipeline,
+    template and special tokens (what rendering reads), which imports transformers' base but none of its model
+    classes. Everything else (calls with arguments the pipeline does not take, a chat template tokenized by
+    transformers) is answered by the transformers tokenizer itself, loaded on first use: attribute lookups this
+    class does not answer go to it (``hasattr`` of a name neither has loads it too). Tokens added to that
+    tokenizer do not reach the snapshot."""
 
     is_fast = True
     clean_up_tokenization_spaces = False  # a snapshot is saved only where decoding cleans nothing up
@@ -296,9 +300,11 @@ class SnapshotTokenizer:
         self.chat_template = fields["chat_template"]
         self.model_max_length = fields["model_max_length"]
         self.xgrammar_metadata: dict[str, Any] | None = fields["xgrammar_metadata"]
+        self._special_tokens_map: dict[str, Any] = fields["special_tokens_map"]
         self._length: int = fields["length"]
         self._load_transformers_tokenizer = load_transformers_tokenizer
         self._transformers_tokenizer = None
+        self._chat_renderer = None
         self._loading = threading.Lock()
 
     @property
@@ -308,6 +314,26 @@ class SnapshotTokenizer:
             if self._transformers_tokenizer is None:
                 self._transformers_tokenizer = self._load_transformers_tokenizer()
             return self._transformers_tokenizer
+
+    def chat_renderer(self):
+        """transformers' generic fast tokenizer with this one's pipeline, chat template and special tokens, whose
+        ``apply_chat_template`` renders as the original's (no tokenizer class overrides it); built the first time
+        (a server builds it while its engine starts)."""
+        with self._loading:
+            if self._chat_renderer is None:
+                from transformers import PreTrainedTokenizerFast
+
+                self._chat_renderer = PreTrainedTokenizerFast(
+                    tokenizer_object=self.backend_tokenizer,
+                    chat_template=self.chat_template,
+                    **self._special_tokens_map,
+                )
+            return self._chat_renderer
+
+    def apply_chat_template(self, conversation, *args, tokenize: bool = True, **kwargs):
+        if tokenize:
+            return self.transformers_tokenizer.apply_chat_template(conversation, *args, tokenize=True, **kwargs)
+        return self.chat_renderer().apply_chat_template(conversation, *args, tokenize=False, **kwargs)
 
     def __getattr__(self, name: str):
         if name.startswith("_"):  # private state (and lookups before __init__ has set it)
