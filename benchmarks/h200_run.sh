@@ -41,6 +41,14 @@ PEER_W4=()
 [ "${BRISK_SKIP_LONG_CONTEXT:-0}" = 1 ] ||
     bench long-context "${MODEL[@]}" "${PEER_W4[@]}" --output-json "$OUT/brisk_w4.json" | tail -9
 [ "${BRISK_SKIP_STARTUP:-0}" = 1 ] || bench startup "${MODEL[@]}" --output-json "$OUT/brisk_w7.json" | tail -6
+# W7 with a tokenizer (the serve stage's, SmolLM2's): the first start saves the tokenizer snapshot, the others load it.
+W7_TOKENIZER=${BRISK_SERVE_TOKENIZER:-.scratch/smollm2-tokenizer}
+if [ "${BRISK_SKIP_STARTUP:-0}" != 1 ] && [ -f "$W7_TOKENIZER/tokenizer.json" ] &&
+    python3 -m brisk.entrypoints.cli.main bench write-config llama-3.1-8b-shape-smollm2-vocab /tmp/brisk-w7-tokenizer \
+        --tokenizer "$W7_TOKENIZER" >/dev/null; then
+    BRISK_CACHE_DIR=$(mktemp -d) bench startup --model /tmp/brisk-w7-tokenizer --load-format dummy --max-model-len 4096 \
+        --repeats 3 --output-json "$OUT/brisk_w7_tokenizer.json" | tail -8
+fi
 # Quantized (BRISK_QUANTIZED=1): W3 with FP8 weights and with W4A16 (the random INT4 layout), each as a ratio to W3
 # in bf16 above; W1 with FP8 weights; W4 with FP8 weights and the FP8 KV cache. Beside vLLM's figures of the same
 # setting where its anchor ran with VLLM_ANCHOR_QUANT=fp8 (VLLM_ANCHOR_KV=fp8 for W4) into $OUT/vllm_anchor_fp8.json.
