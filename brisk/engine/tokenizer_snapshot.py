@@ -250,12 +250,7 @@ def reproduces(tokenizer) -> bool:
         return False  # remote code, or a class outside the fast base
     if any(getattr(cls, name) is not getattr(PreTrainedTokenizerFast, name) for name in REPRODUCED_METHODS):
         return False
-    from tokenizers import Tokenizer
-
-    pipeline = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())  # as a snapshot will load it
-    pipeline.no_truncation()
-    pipeline.no_padding()
-    pipeline.encode_special_tokens = bool(tokenizer.split_special_tokens)
+    pipeline = _load_pipeline(tokenizer.backend_tokenizer.to_str(), bool(tokenizer.split_special_tokens))
     for text in PROBE_TEXTS:
         for special in (True, False):
             ids = tokenizer.encode(text, add_special_tokens=special)
@@ -265,6 +260,17 @@ def reproduces(tokenizer) -> bool:
                 if tokenizer.decode(ids, skip_special_tokens=skip) != pipeline.decode(ids, skip_special_tokens=skip):
                     return False
     return True
+
+
+def _load_pipeline(serialized: str, split_special_tokens: bool):
+    """A saved pipeline, set up as transformers' encode without truncation or padding sets it on every call."""
+    from tokenizers import Tokenizer
+
+    pipeline = Tokenizer.from_str(serialized)
+    pipeline.no_truncation()
+    pipeline.no_padding()
+    pipeline.encode_special_tokens = split_special_tokens
+    return pipeline
 
 
 class SnapshotTokenizer:
@@ -282,13 +288,7 @@ class SnapshotTokenizer:
     clean_up_tokenization_spaces = False  # a snapshot is saved only where decoding cleans nothing up
 
     def __init__(self, path, fields: dict[str, Any], load_transformers_tokenizer: Callable[[], Any]):
-        from tokenizers import Tokenizer
-
-        pipeline = Tokenizer.from_str(fields["pipeline"])
-        pipeline.no_truncation()  # as transformers' encode without truncation or padding sets them
-        pipeline.no_padding()
-        pipeline.encode_special_tokens = fields["split_special_tokens"]
-        self.backend_tokenizer = pipeline
+        self.backend_tokenizer = _load_pipeline(fields["pipeline"], fields["split_special_tokens"])
         self.name_or_path = str(path)
         self.vocab_size: int = fields["vocab_size"]
         self.bos_token_id: int | None = fields["bos_token_id"]
