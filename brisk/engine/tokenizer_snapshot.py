@@ -377,6 +377,15 @@ def transformers_tokenizer(tokenizer):
     return tokenizer.transformers_tokenizer if isinstance(tokenizer, SnapshotTokenizer) else tokenizer
 
 
+def encode_batch(tokenizer, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+    """The token ids of each text in one call (the ``tokenizers`` library encodes a batch on its own threads):
+    a snapshot's pipeline directly, which its ``__call__`` would hand to transformers' tokenizer."""
+    if isinstance(tokenizer, SnapshotTokenizer):
+        encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [encoding.ids for encoding in encodings]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+
+
 def xgrammar_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids: list[int]):
     """xgrammar's ``TokenizerInfo`` of ``tokenizer``'s vocabulary, padded or cut to ``vocab_size`` entries (the
     model's): for a snapshot, from its vocabulary and what xgrammar detected on transformers' tokenizer when it

@@ -18,6 +18,7 @@ from brisk.engine.tokenizer import load_tokenizer
 from brisk.engine.tokenizer_snapshot import (
     SNAPSHOT_FORMAT,
     SnapshotTokenizer,
+    encode_batch,
     reproduces,
     snapshot_dir,
     snapshot_key,
@@ -75,9 +76,10 @@ def _load_both(folder):
 def assert_same_tokenizer(theirs, ours, sample_ids: int | None = None) -> None:
     """Encodings with and without special tokens, decodings of every id (or ``sample_ids`` of them) and of runs
     of ids with and without special tokens, and the fields the engine reads."""
-    for text in TEXTS:
-        for special in (True, False):
+    for special in (True, False):
+        for text in TEXTS:
             assert ours.encode(text, add_special_tokens=special) == theirs.encode(text, add_special_tokens=special)
+        assert encode_batch(ours, TEXTS, special) == encode_batch(theirs, TEXTS, special)
     ids = list(range(len(theirs)))
     if sample_ids is not None:
         ids = random.Random(0).sample(ids, sample_ids) + list(theirs.all_special_ids)

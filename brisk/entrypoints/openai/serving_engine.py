@@ -26,6 +26,7 @@ from brisk.engine.async_engine import (
 )
 from brisk.engine.generation_defaults import SAMPLING_FIELDS
 from brisk.engine.tokenizer import RESERVED_CHAT_TEMPLATE_KWARGS
+from brisk.engine.tokenizer_snapshot import encode_batch
 from brisk.entrypoints.openai.config import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, ServerConfig
 from brisk.entrypoints.openai.errors import OpenAIError, bad_request
 from brisk.entrypoints.openai.logprobs import TOKEN_IDS
@@ -124,7 +125,7 @@ class OpenAIServing:
     async def encode_all(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of each text, in one call to the tokenizer pool."""
         tokenizer = self._require_tokenizer()
-        return await self.run_tokenizer(lambda: tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"])
+        return await self.run_tokenizer(encode_batch, tokenizer, texts, add_special_tokens)
 
     async def decode(self, token_ids: list[int], skip_special: bool = False) -> str:
         tokenizer = self._require_tokenizer()
