@@ -4,6 +4,7 @@ from the scheduler until their grammar is compiled (off the engine loop, in the 
 
 from __future__ import annotations
 
+import functools
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
@@ -58,9 +59,8 @@ class RequestConstraints:
             return False
         if self._compiler is None:
             tokenizer, vocab_size, stop_ids = self.tokenizer, self.vocab_size, sorted(self.eos_token_ids)
-            self._compiler = GrammarCompiler(
-                lambda: xgrammar_tokenizer_info(tokenizer, vocab_size, stop_ids), self.vocab_size
-            )
+            load_tokenizer_info = functools.partial(xgrammar_tokenizer_info, tokenizer, vocab_size, stop_ids)
+            self._compiler = GrammarCompiler(load_tokenizer_info, vocab_size)
         self._pending.append((self._compiler.submit(params.structured_outputs), requests))
         return True
 
