@@ -12,6 +12,7 @@ _FIELDS = (
     "prompt_lookup_min",
     "prompt_lookup_max",
     "disable_by_batch_size",
+    "quantization",
 )
 
 # Running requests from which nothing is proposed when the config leaves ``disable_by_batch_size`` out. On an
@@ -28,7 +29,9 @@ class SpeculativeConfig:
 
     ``ngram`` (prompt lookup) looks for the last ``prompt_lookup_max`` .. ``prompt_lookup_min`` tokens earlier in
     the sequence and proposes what followed them; ``draft_model`` runs ``model`` (anything ``LLM(model=...)``
-    accepts, with the target's vocabulary). With ``disable_by_batch_size`` running requests or more nothing is
+    accepts, with the target's vocabulary), its weights quantized as ``quantization`` says (a format that quantizes
+    while loading, e.g. ``"fp8"``: a cheaper draft, the same target tokens; a quantized draft checkpoint needs no
+    such field). With ``disable_by_batch_size`` running requests or more nothing is
     proposed: a large batch already keeps the device busy, and verifying drafts would only add work. It defaults
     to :data:`DEFAULT_DISABLE_BY_BATCH_SIZE`; None proposes at every batch size (vLLM's default)."""
 
@@ -38,6 +41,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
+    quantization: str | None = None
 
     @classmethod
     def from_dict(cls, config: dict) -> SpeculativeConfig:
@@ -53,8 +57,12 @@ class SpeculativeConfig:
         model = config.get("model")
         if method == "draft_model" and not (isinstance(model, str) and model):
             raise ValueError("speculative_config: method 'draft_model' needs 'model' (a name, folder or GGUF file).")
-        if method == "ngram" and model is not None:
-            raise ValueError("speculative_config: method 'ngram' takes no 'model' (did you mean 'draft_model'?).")
+        for field in ("model", "quantization"):
+            if method == "ngram" and config.get(field) is not None:
+                raise ValueError(f"speculative_config: method 'ngram' takes no '{field}' (it is for 'draft_model').")
+        quantization = config.get("quantization")
+        if quantization is not None and not isinstance(quantization, str):
+            raise ValueError(f"speculative_config['quantization'] must be a format's name, not {quantization!r}.")
         k = config.get("num_speculative_tokens")
         _require_int(k, "num_speculative_tokens", minimum=1)
         low, high = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
@@ -69,7 +77,7 @@ class SpeculativeConfig:
         disable = config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE)
         if disable is not None:
             _require_int(disable, "disable_by_batch_size", minimum=1)
-        return cls(method, k, model, low, high, disable)
+        return cls(method, k, model, low, high, disable, quantization)
 
     def is_active(self, batch_size: int) -> bool:
         """Whether to propose drafts for a batch of ``batch_size`` running requests (the load-aware rule)."""

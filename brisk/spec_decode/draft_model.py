@@ -42,6 +42,7 @@ from brisk.engine.request import Request
 from brisk.engine.scheduler import SchedulerOutput
 from brisk.forward_context import set_forward_context
 from brisk.layers.attention.backend import AttentionMetadata
+from brisk.layers.quantization import get_quantization_config
 from brisk.spec_decode.config import SpeculativeConfig
 from brisk.worker.cuda_graphs import MAX_VERIFY_GRAPH_SEQS, StepGraphs, capture_graph_sets, capture_sizes
 from brisk.worker.input_buffers import InputBuffers
@@ -61,10 +62,12 @@ class DraftTokens:
     probs: dict[str, torch.Tensor]
 
 
-def draft_model_config(draft: str, target: ModelConfig) -> ModelConfig:
-    """The draft's config at the target's dtype and max_model_len; a clear error when it cannot serve as one."""
+def draft_model_config(config: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
+    """The draft's config at the target's dtype and max_model_len, its weights held as its checkpoint's
+    ``quantization_config`` or ``config.quantization`` says; a clear error when it cannot serve as a draft."""
     from brisk.loader.resolve import resolve_model
 
+    draft = config.model
     path = resolve_model(draft, target.dtype)
     hf_config = read_hf_config(path, target.trust_remote_code)
     text_config = getattr(hf_config, "text_config", None) or hf_config
@@ -80,7 +83,13 @@ def draft_model_config(draft: str, target: ModelConfig) -> ModelConfig:
             f"The draft model {draft!r} allows {positions} positions but max_model_len is {target.max_model_len}: "
             f"lower max_model_len to at most {positions}, or choose a draft with a longer context."
         )
-    return ModelConfig.from_hf_config(path, hf_config, target.dtype, target.max_model_len)
+    draft_config = ModelConfig.from_hf_config(path, hf_config, target.dtype, target.max_model_len)
+    try:
+        draft_config.quant_config = get_quantization_config(config.quantization, hf_config)
+    except ValueError as exc:
+        raise ValueError(f"speculative_config['quantization'] for the draft {draft!r}: {exc}") from exc
+    draft_config.trust_remote_code = target.trust_remote_code
+    return draft_config
 
 
 class DraftModelProposer:
@@ -98,7 +107,7 @@ class DraftModelProposer:
         self.block_size = block_size
         self.device = device
         self.runner = ModelRunner(
-            draft_model_config(config.model, target), device, block_size, attention_backend, load_format, seed
+            draft_model_config(config, target), device, block_size, attention_backend, load_format, seed
         )
 
     def kv_cache_bytes_per_block(self) -> int:

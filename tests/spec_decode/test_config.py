@@ -36,6 +36,8 @@ def test_defaults_and_vllm_window_rule():
         ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "needs 'model'"),
         ({"method": "ngram", "model": "x", "num_speculative_tokens": 2}, "takes no 'model'"),
+        ({"method": "ngram", "quantization": "fp8", "num_speculative_tokens": 2}, "takes no 'quantization'"),
+        ({"method": "draft_model", "model": "x", "quantization": 8, "num_speculative_tokens": 2}, "'quantization'"),
     ],
 )
 def test_bad_configs_name_the_field(config, message):

@@ -205,3 +205,45 @@ def run_checking_the_draft_kv(llm: LLM, prompts: list, params: list[SamplingPara
                 torch.testing.assert_close(draft[:, at[0], at[1]], target[:, at[0], at[1]])
             checked += len(positions)
     return [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))], checked
+
+
+def draft_weight_dtypes(llm: LLM) -> set[torch.dtype]:
+    """The dtypes of the draft's linear weights (its attention and MLP projections)."""
+    model = llm.engine.proposer.runner.model
+    return {p.dtype for name, p in model.named_parameters() if name.endswith("proj.weight")}
+
+
+def test_a_draft_quantized_while_loading(tiny_llama, baseline):
+    """``quantization: "fp8"`` (vLLM's field) holds the draft's weights in FP8, which halves the bytes a drafting
+    pass reads; the target, and so the tokens, stay the same. The target as its own FP8 draft still has over half
+    of its drafts accepted (53 of 97: this random model's logits nearly tie, so FP8's rounding flips many)."""
+    prompts, expected = baseline
+    config = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3, "quantization": "fp8",
+              "disable_by_batch_size": None}  # fmt: skip
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config)
+    assert draft_weight_dtypes(llm) == {torch.float8_e4m3fn}
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    proposed = sum(o.metrics.num_draft_tokens for o in outputs)
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0.5 * proposed
+
+
+def test_a_quantized_draft_checkpoint(tiny_llama, baseline, tmp_path):
+    """A draft checkpoint in block-wise FP8 loads as one (its ``quantization_config``), with no field needed; a
+    ``quantization`` that contradicts the checkpoint, or that needs a quantized checkpoint, is a clear error."""
+    from tests.quantization.fp8_checkpoints import make_block_fp8_checkpoint
+
+    prompts, expected = baseline
+    draft = str(make_block_fp8_checkpoint(tiny_llama, tmp_path / "fp8", (16, 16)))
+    config = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    llm = LLM(tiny_llama, device="cpu", speculative_config=config)
+    assert draft_weight_dtypes(llm) == {torch.float8_e4m3fn}
+    outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    del llm
+    with pytest.raises(ValueError, match=r"'quantization'\] for the draft .*leave quantization unset"):
+        LLM(tiny_llama, device="cpu", speculative_config={**config, "quantization": "awq"})
+    with pytest.raises(ValueError, match=r"needs a checkpoint quantized in that format"):
+        LLM(tiny_llama, device="cpu", speculative_config={**config, "model": tiny_llama, "quantization": "gptq"})
