@@ -28,7 +28,7 @@ PEER=()
 bench() { python3 -m brisk.entrypoints.cli.main bench "$@" 2>&1 | grep -v -i -E "warn|tokenizer|sentencepiece|serializ"; }
 MODEL=(--model llama-3.1-8b-shape)
 if [ "${BRISK_SKIP_TESTS:-0}" != 1 ]; then
-    python3 -m pytest -q -p no:cacheprovider tests/gpu tests/worker/test_triton_sampling.py tests/worker/test_input_buffers.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|max" | tail -30
+    python3 -m pytest -q -p no:cacheprovider tests/gpu tests/worker/test_triton_sampling.py tests/worker/test_seeded_sampling.py tests/worker/test_input_buffers.py -s 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|error|max" | tail -30
 fi
 for workload in ${BRISK_WORKLOADS-W1 W2}; do
     bench throughput --workload "$workload" "${MODEL[@]}" "${PEER[@]}" --output-json "$OUT/brisk_${workload,,}.json" | tail -8

@@ -32,6 +32,7 @@ class _DraftPosition:
         self.sampling_params = request.sampling_params
         self.eos_token_ids = request.eos_token_ids
         self.generator = request.generator
+        self.noise_generator = request.noise_generator
         self.bad_words_token_ids = request.bad_words_token_ids
         self.grammar = request.grammar  # (requests with a grammar get no drafts: this is their only position)
         self._request = request

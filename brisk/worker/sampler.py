@@ -228,8 +228,7 @@ class Sampler:
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
         for row, request in enumerate(requests):
             if request.generator is not None and not greedy[row]:
-                own = torch.empty(probs.shape[-1], dtype=probs.dtype).exponential_(generator=request.generator)
-                noise[row] = own.to(self.device)
+                noise[row].exponential_(generator=request.noise_generator(self.device))
         return (probs / noise).argmax(dim=-1)
 
     def _sample(self, logits: torch.Tensor, requests: list[Request], greedy: list[bool], greedy_ids: torch.Tensor):
