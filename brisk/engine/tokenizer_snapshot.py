@@ -178,12 +178,31 @@ def snapshot_tokenizer(path, load_transformers_tokenizer: Callable[[], Any]) -> 
         if key is None:
             return None
         tokenizer, refused = _from_snapshot(key, path, load_transformers_tokenizer)
-        if tokenizer is None and not refused and save_in_child_process(path):
-            tokenizer, _ = _from_snapshot(key, path, load_transformers_tokenizer)
+        if tokenizer is not None or refused:
+            return tokenizer
+        with _one_saver(key):
+            tokenizer, refused = _from_snapshot(key, path, load_transformers_tokenizer)
+            if tokenizer is None and not refused and save_in_child_process(path):
+                tokenizer, _ = _from_snapshot(key, path, load_transformers_tokenizer)
         return tokenizer
     except Exception as exc:  # never worse than loading through transformers
         logger.warning("could not use a saved tokenizer for %s (%s)", path, exc)
         return None
+
+
+def _one_saver(key: str) -> contextlib.AbstractContextManager:
+    """An inter-process lock on ``key``'s snapshot: one process saves it, the others (`brisk serve`'s engine and
+    HTTP processes start on one folder at once) wait and then load what it saved. No lock where the cache cannot
+    be written: the save reports that."""
+    from brisk.loader.resolve import exclusive_lock
+
+    lock = snapshot_dir() / f".lock-{key}"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch()
+    except OSError:
+        return contextlib.nullcontext()
+    return exclusive_lock(lock)
 
 
 def _from_snapshot(key: str, path, load_transformers_tokenizer) -> tuple[SnapshotTokenizer | None, bool]:

@@ -270,7 +270,7 @@ def _convert_into_cache(paths: Sequence[Path], sha: str, dtype: torch.dtype, sou
     folder = root / _folder_name(sha, dtype)
     # One converter per cache entry: other processes (tensor-parallel ranks, a second server) wait here
     # and then find the finished folder instead of converting the same model again.
-    with _exclusive_lock(root / f".lock-{folder.name}"):
+    with exclusive_lock(root / f".lock-{folder.name}"):
         if _valid_cache(folder):
             return folder
         _clean_stale_tmp(root)
@@ -304,7 +304,7 @@ def _convert_into_cache(paths: Sequence[Path], sha: str, dtype: torch.dtype, sou
 
 
 @contextlib.contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
+def exclusive_lock(path: Path) -> Iterator[None]:
     """An advisory inter-process lock (``flock``); a no-op where ``fcntl`` does not exist."""
     try:
         import fcntl

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from subprocess import PIPE
 
 import pytest
 
@@ -183,7 +184,7 @@ def test_edited_files_get_their_own_snapshot(tiny_llama, tmp_path):
     edited = load_tokenizer(folder, use_snapshot=True)
     assert isinstance(edited, SnapshotTokenizer) and edited.chat_template == "{{ 'edited' }}"
     assert edited.apply_chat_template(MESSAGES, tokenize=False) == "edited"
-    assert len(list(snapshot_dir().iterdir())) == 2
+    assert len(list(snapshot_dir().glob("*.json"))) == 2
 
 
 def test_a_damaged_snapshot_is_saved_again(tiny_llama, caplog):
@@ -222,7 +223,7 @@ def test_a_decoding_that_cleans_up_is_not_saved(tmp_path):
     assert not isinstance(tokenizer, SnapshotTokenizer) and not reproduces(tokenizer)
     refusal = json.loads((snapshot_dir() / f"{snapshot_key(tmp_path)}.json").read_text())
     assert refusal == {"format": SNAPSHOT_FORMAT, "reproduces": False}  # later starts load it here at once
-    assert _child_processes_of_a_load(tmp_path) == 0
+    assert _child_processes_of_loads(tmp_path) == [0]
 
 
 def test_remote_code_is_never_snapshotted(tiny_llama):
@@ -245,20 +246,37 @@ def test_llm_hands_out_transformers_tokenizer(tiny_llama):
     assert user_tokenizer("hello")["input_ids"] == llm.engine.tokenizer.encode("hello")
 
 
-def _child_processes_of_a_load(folder) -> int:
-    """How many processes a fresh interpreter starts to load ``folder``'s tokenizer as the engine does (counted
-    by Python's audit hook on ``subprocess.Popen``)."""
-    probe = (
-        "import sys\n"
-        "started = []\n"
-        "sys.addaudithook(lambda event, args: event == 'subprocess.Popen' and started.append(args))\n"
-        "from brisk.engine.tokenizer import load_tokenizer\n"
-        "assert load_tokenizer(sys.argv[1], use_snapshot=True).encode('hello')\n"
-        "print(len(started))\n"
-    )
-    run = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return int(run.stdout.strip().splitlines()[-1])
+# Loads a folder's tokenizer as the engine does and prints how many processes it started (counted by Python's
+# audit hook on ``subprocess.Popen``).
+COUNTING_LOAD = (
+    "import sys\n"
+    "started = []\n"
+    "sys.addaudithook(lambda event, args: event == 'subprocess.Popen' and started.append(args))\n"
+    "from brisk.engine.tokenizer import load_tokenizer\n"
+    "assert load_tokenizer(sys.argv[1], use_snapshot=True).encode('hello')\n"
+    "print(len(started))\n"
+)
+
+
+def _child_processes_of_loads(folder, processes: int = 1) -> list[int]:
+    """How many processes each of ``processes`` fresh interpreters, started at once, starts to load ``folder``'s
+    tokenizer."""
+    runs = [
+        subprocess.Popen([sys.executable, "-c", COUNTING_LOAD, str(folder)], stdout=PIPE, stderr=PIPE, text=True)
+        for _ in range(processes)
+    ]
+    counts = []
+    for run in runs:
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
+        counts.append(int(out.strip().splitlines()[-1]))
+    return counts
+
+
+def test_processes_starting_at_once_save_one_snapshot(tiny_llama):
+    """`brisk serve` starts its engine and HTTP processes on one folder at once: one saves the snapshot in a child
+    process, the other waits for it and loads what it saved (without the lock each started its own child)."""
+    assert sorted(_child_processes_of_loads(tiny_llama, processes=2)) == [0, 1]
 
 
 def test_no_child_process_without_a_tokenizer_json(tiny_llama, tmp_path):
@@ -270,7 +288,7 @@ def test_no_child_process_without_a_tokenizer_json(tiny_llama, tmp_path):
     (folder / "tokenizer.json").unlink()
     config_file = folder / "tokenizer_config.json"
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "tokenizer_class": "GPT2Tokenizer"}))
-    assert _child_processes_of_a_load(folder) == 0
+    assert _child_processes_of_loads(folder) == [0]
     assert not snapshot_dir().exists()
 
 
@@ -290,7 +308,7 @@ def test_snapshots_are_readable_as_the_umask_allows(tiny_llama):
     load_tokenizer(tiny_llama, use_snapshot=True)
     umask = os.umask(0)
     os.umask(umask)
-    (saved,) = snapshot_dir().iterdir()
+    (saved,) = snapshot_dir().glob("*.json")
     assert stat.S_IMODE(saved.stat().st_mode) == 0o666 & ~umask
 
 
