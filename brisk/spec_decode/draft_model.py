@@ -20,9 +20,11 @@ that now decode without drafts. One case stays behind: a request that ends, is a
 such a step leaves its last draft's position without draft KV, and a later prompt that hits that block in the prefix
 cache (the next turn of a chat) drafts over one stale entry there. That costs acceptance, never the target's tokens.
 
-For greedy requests the drafts are the draft's argmax; for sampled ones they are drawn from the draft's distribution
-under the request's temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the rejection sampler
-(accept with ``min(1, p/q)``, else draw from ``max(0, p - q)``), which keeps the target distribution.
+The drafts are the draft's argmax (``draft_sample_method="greedy"``, the default): the rejection sampler takes them as
+a point mass, as it takes n-gram drafts (accept with probability ``p(t)``, else draw from ``p`` without ``t``). With
+``"probabilistic"`` a sampled request's drafts are drawn from the draft's distribution under the request's
+temperature, top-k, top-p and min-p, and that distribution ``q`` goes to the rejection sampler (accept with
+``min(1, p/q)``, else draw from ``max(0, p - q)``). Both keep the target distribution.
 
 On a GPU the passes replay CUDA graphs: the drafting passes are steps over the draft's own input buffers (one or two
 tokens a sequence, then one), each feeding the previous pass's tokens on the device, and the mirror replays the
@@ -68,7 +70,12 @@ def draft_model_config(config: SpeculativeConfig, target: ModelConfig) -> ModelC
     from brisk.loader.resolve import resolve_model
 
     draft = config.model
-    path = resolve_model(draft, target.dtype)
+    if config.max_model_len is not None and config.max_model_len < target.max_model_len:
+        raise ValueError(
+            f"speculative_config['max_model_len']={config.max_model_len} is below max_model_len "
+            f"({target.max_model_len}): brisk's draft proposes at every position. Leave it out, or lower max_model_len."
+        )
+    path = resolve_model(draft, target.dtype, revision=config.revision)
     hf_config = read_hf_config(path, target.trust_remote_code)
     text_config = getattr(hf_config, "text_config", None) or hf_config
     draft_vocab, target_vocab = text_config.vocab_size, target.hf_config.vocab_size
@@ -104,6 +111,7 @@ class DraftModelProposer:
         seed: int,
     ):
         self.num_speculative_tokens = config.num_speculative_tokens
+        self.samples_drafts = config.draft_sample_method == "probabilistic"
         self.block_size = block_size
         self.device = device
         self.runner = ModelRunner(
@@ -236,11 +244,11 @@ class DraftModelProposer:
         return hidden[q - 1 : n * q : q]
 
     def _choose(self, logits: torch.Tensor, requests, q: list[list[torch.Tensor]], active: list[int]) -> torch.Tensor:
-        """The argmax for greedy requests; for sampled ones a draw from the filtered distribution, recorded in q
-        (the tokens stay on the device)."""
+        """The argmax; with probabilistic drafting, for sampled requests a draw from the filtered distribution,
+        recorded in q (the tokens stay on the device)."""
         greedy = [r.sampling_params.greedy for r in requests]
         argmax = logits.argmax(dim=-1)
-        if all(greedy):
+        if all(greedy) or not self.samples_drafts:
             return argmax
         sampler = self.runner.sampler
         probs = sampler.filtered_probs(logits.float(), requests, greedy)

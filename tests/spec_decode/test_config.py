@@ -10,6 +10,7 @@ from brisk.entrypoints.cli.serve import build_configs
 from brisk.spec_decode.config import SpeculativeConfig
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+DRAFT = {"method": "draft_model", "model": "x", "num_speculative_tokens": 2}
 
 
 def test_defaults_and_vllm_window_rule():
@@ -38,11 +39,34 @@ def test_defaults_and_vllm_window_rule():
         ({"method": "ngram", "model": "x", "num_speculative_tokens": 2}, "takes no 'model'"),
         ({"method": "ngram", "quantization": "fp8", "num_speculative_tokens": 2}, "takes no 'quantization'"),
         ({"method": "draft_model", "model": "x", "quantization": 8, "num_speculative_tokens": 2}, "'quantization'"),
+        ({"method": "draft_model", "model": "x", "revision": 1, "num_speculative_tokens": 2}, "'revision'"),
+        ({"method": "draft_model", "model": "x", "max_model_len": 0, "num_speculative_tokens": 2}, "'max_model_len'"),
+        ({"method": "draft_model", "model": "x", "draft_sample_method": "top", "num_speculative_tokens": 2},
+         r"draft_sample_method'\] must be one of"),
+        ({**DRAFT, "draft_tensor_parallel_size": 2}, r"\['draft_tensor_parallel_size'\]=2 asks for what"),
+        ({**DRAFT, "rejection_sample_method": "block"}, r"\['rejection_sample_method'\]='block' asks for what"),
+        ({**DRAFT, "parallel_drafting": True}, "'parallel_drafting'"),
+        ({**DRAFT, "kv_cache_dtype": "fp8"}, "'kv_cache_dtype'"),
+        ({**DRAFT, "target_model_config": None}, "unknown fields"),
     ],
 )
 def test_bad_configs_name_the_field(config, message):
     with pytest.raises(ValueError, match=message):
         EngineArgs(model="m", speculative_config=config).validate()
+
+
+def test_vllm_fields_that_ask_for_nothing_are_accepted():
+    """A config written for vLLM runs: its fields for what brisk does not do are accepted at values that ask for
+    nothing (vLLM's defaults, one draft rank), and those brisk does are read."""
+    vllm_config = {**DRAFT, "draft_tensor_parallel_size": 1, "enforce_eager": None, "kv_cache_dtype": "auto",
+                   "disable_padded_drafter_batch": True, "use_local_argmax_reduction": False,
+                   "rejection_sample_method": "standard", "suffix_decoding_max_tree_depth": 24,
+                   "num_speculative_tokens_per_batch_size": None, "revision": "main", "max_model_len": 4096,
+                   "draft_sample_method": "probabilistic", "quantization": "fp8"}  # fmt: skip
+    config = SpeculativeConfig.from_dict(vllm_config)
+    assert (config.revision, config.max_model_len, config.draft_sample_method, config.quantization) == (
+        "main", 4096, "probabilistic", "fp8")  # fmt: skip
+    assert SpeculativeConfig.from_dict(DRAFT).draft_sample_method == "greedy"  # vLLM's default
 
 
 def test_a_non_dict_is_refused():
