@@ -6,7 +6,8 @@
 # TARGET and DRAFT: anything LLM(model=...) accepts with one vocabulary (Qwen2.5-Coder-1.5B-Instruct and
 # Qwen2.5-Coder-0.5B-Instruct, as GGUF files or folders). PARTs (default: all, in this order):
 #   draft    greedy: the plain target, the draft at k = 2, 4, 6, the draft quantized to FP8 while loading at k = 4, 6
-#   sampled  temperature 0.7: the plain target, the draft at k = 4 in its dtype and in FP8
+#   sampled  temperature 0.7: the plain target, the draft at k = 4 drafting greedily (in its dtype and in FP8) and
+#            drawing its drafts (draft_sample_method "probabilistic")
 #   ngram    n-gram lookup (no draft) on the 8 editing prompts, greedy, k = 4 and 6
 #   batch    greedy at batch 8 and 32, the FP8 draft at k = 4 proposing at every batch size
 # Each part writes $OUT/spec_<part>.json (spec_decode.py's report) and its printout to $OUT/spec_<part>.log.
@@ -34,7 +35,8 @@ for part in "${@:-draft sampled ngram batch}"; do
         case $p in
         draft) run draft --spec "$(draft 2)" --spec "$(draft 4)" --spec "$(draft 6)" \
             --spec "$(draft 4 "$FP8")" --spec "$(draft 6 "$FP8")" ;;
-        sampled) run sampled --temperature 0.7 --spec "$(draft 4)" --spec "$(draft 4 "$FP8")" ;;
+        sampled) run sampled --temperature 0.7 --spec "$(draft 4)" --spec "$(draft 4 "$FP8")" \
+            --spec "$(draft 4 ', "draft_sample_method": "probabilistic"')" ;;
         ngram) run ngram --prompts rewrite --spec '{"method": "ngram", "num_speculative_tokens": 4}' \
             --spec '{"method": "ngram", "num_speculative_tokens": 6}' ;;
         batch) run batch --batch-size 8 32 --spec "$(draft 4 "$FP8, \"disable_by_batch_size\": null")" ;;
